@@ -1,0 +1,511 @@
+"""Load hwdb YAML directories into a validated, frozen HardwareDB.
+
+Every YAML file below a directory is one document whose top-level keys say what it holds
+(`gpus`, `offers`, `sources`, cost defaults). Directories are layered: the shipped database first,
+then the user's config directory, then `GPU_ADVISOR_HWDB`, then `--hwdb DIR`. A later layer's entry
+with an existing key replaces the earlier one (and the tool says so once); inside one layer a
+repeated key is an error. Every problem is reported as one HwdbError naming file, entry and key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from advisor import units
+from advisor.errors import UserError, did_you_mean
+from advisor.hardware.specs import (
+    PEAK_MODES,
+    CloudOffer,
+    CostDefaults,
+    GPUSpec,
+    HardwareDB,
+    Override,
+    PeakThroughput,
+    Source,
+)
+
+ENV_VAR = "GPU_ADVISOR_HWDB"
+
+DOCUMENT_KEYS = {
+    "schema_version",
+    "gpus",
+    "offers",
+    "sources",
+    "date",
+    "electricity_usd_per_kwh",
+    "electricity_source",
+    "electricity_notes",
+}
+
+GPU_REQUIRED = ("id", "name", "vendor", "segment", "memory_gb", "bandwidth_gbps", "peak_tflops", "sources")
+GPU_OPTIONAL = (
+    "architecture",
+    "chip",
+    "compute_capability",
+    "memory_type",
+    "sm_count",
+    "boost_clock_mhz",
+    "l2_cache_mb",
+    "tdp_w",
+    "form_factor",
+    "pcie_gen",
+    "pcie_lanes",
+    "nvlink_gbps",
+    "nvlink",
+    "launch_date",
+    "launch_msrp_usd",
+    "street_price_usd",
+    "street_price_date",
+    "derived",
+    "unverified",
+    "aliases",
+    "notes",
+)
+OFFER_REQUIRED = ("gpu", "provider", "instance", "gpus_per_instance", "usd_per_gpu_hour", "region", "source")
+OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date")
+SOURCE_REQUIRED = ("id", "grade", "title", "url")
+
+VENDORS = ("nvidia", "amd", "intel", "apple", "other")
+SEGMENTS = ("geforce", "workstation", "datacenter", "laptop", "other")
+FORM_FACTORS = ("pcie-card", "sxm", "oam", "superchip", "laptop", "integrated", "other")
+GRADES = ("A", "B", "C", "D", "X")
+ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+# Upper bounds that no real device reaches; a figure above them is a typo or a unit mistake.
+LIMITS = {
+    "memory_gb": 4096,
+    "bandwidth_gbps": 100_000,
+    "sm_count": 10_000,
+    "boost_clock_mhz": 10_000,
+    "l2_cache_mb": 4096,
+    "tdp_w": 5000,
+    "nvlink_gbps": 100_000,
+    "peak_tflops": 100_000,
+    "launch_msrp_usd": 1_000_000,
+    "street_price_usd": 1_000_000,
+    "usd_per_gpu_hour": 1000,
+}
+
+
+class HwdbError(UserError):
+    """A problem in a hardware-database file: which file, which entry, which key, what is wrong."""
+
+    def __init__(self, path: str | Path, message: str, entry: str | None = None, key: str | None = None):
+        where = str(path)
+        if entry is not None:
+            where += f": entry {entry}"
+        if key is not None:
+            where += f", key '{key}'" if entry is not None else f": key '{key}'"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass
+class _Layer:
+    """The raw entries of one directory, before merging."""
+
+    directory: Path
+    gpus: list[tuple[Path, str, dict[str, Any]]]
+    offers: list[tuple[Path, str, dict[str, Any]]]
+    sources: list[tuple[Path, str, dict[str, Any]]]
+    defaults: dict[str, tuple[Path, Any]]
+    dates: dict[Path, dt.date]
+
+
+def shipped_hwdb_dir() -> Path:
+    """The database that ships with the tool: hwdb/ in a checkout, advisor/_data/hwdb when installed."""
+    checkout = Path(__file__).resolve().parents[2] / "hwdb"
+    if (checkout / "sources.yaml").is_file():
+        return checkout
+    from importlib import resources
+
+    installed = Path(str(resources.files("advisor._data.hwdb")))
+    assert (installed / "sources.yaml").is_file(), f"shipped hardware database missing at {installed}"
+    return installed
+
+
+def user_config_hwdb_dir() -> Path:
+    """The user's override directory: $XDG_CONFIG_HOME/gpu-advisor/hwdb (~/.config by default)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gpu-advisor" / "hwdb"
+
+
+def override_dirs(cli_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """User layers in the order they apply: config dir (if present), $GPU_ADVISOR_HWDB, --hwdb."""
+    layers: list[Path] = []
+    config = user_config_hwdb_dir()
+    if config.is_dir():
+        layers.append(config)
+    env_value = os.environ.get(ENV_VAR, "")
+    for part in filter(None, env_value.split(os.pathsep)):
+        path = Path(part).expanduser()
+        if not path.is_dir():
+            raise UserError(f"{ENV_VAR} names '{part}', which is not a directory")
+        layers.append(path)
+    for part in cli_dirs:
+        path = Path(part).expanduser()
+        if not path.is_dir():
+            raise UserError(f"--hwdb '{part}' is not a directory")
+        layers.append(path)
+    return layers
+
+
+def load_hwdb(cli_dirs: Sequence[str | Path] = (), include_user_layers: bool = True) -> HardwareDB:
+    """The shipped database plus the user's layers, validated. Raises HwdbError on bad data."""
+    dirs = [shipped_hwdb_dir()]
+    if include_user_layers:
+        dirs += override_dirs(cli_dirs)
+    return load_directories(dirs)
+
+
+def load_directories(directories: Sequence[Path]) -> HardwareDB:
+    """Load and merge the given directories, first = lowest priority."""
+    layers = [_read_layer(Path(d)) for d in directories]
+    overrides: list[Override] = []
+    sources = _merge(layers, "sources", "source", overrides)
+    source_records = tuple(_build_source(path, label, raw) for path, label, raw in sources.values())
+    source_ids = {s.id for s in source_records}
+    gpus = _merge(layers, "gpus", "GPU", overrides)
+    gpu_records = tuple(_build_gpu(path, label, raw, source_ids) for path, label, raw in gpus.values())
+    gpu_ids = {g.id for g in gpu_records}
+    offers = _merge(layers, "offers", "cloud offer", overrides)
+    dates = {path: date for layer in layers for path, date in layer.dates.items()}
+    offer_records = tuple(
+        _build_offer(path, label, raw, gpu_ids, source_ids, dates.get(path)) for path, label, raw in offers.values()
+    )
+    defaults = _build_defaults(layers, source_ids)
+    return HardwareDB(
+        gpus=gpu_records,
+        offers=offer_records,
+        sources=source_records,
+        defaults=defaults,
+        overrides=tuple(overrides),
+        directories=tuple(str(d) for d in directories),
+    )
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _read_layer(directory: Path) -> _Layer:
+    layer = _Layer(directory, [], [], [], {}, {})
+    files = sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    for path in files:
+        _read_document(path, layer)
+    return layer
+
+
+def _read_document(path: Path, layer: _Layer) -> None:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise HwdbError(path, f"not valid YAML: {_one_line(exc)}") from None
+    if document is None:
+        return
+    if not isinstance(document, dict):
+        raise HwdbError(path, "the top level must be a mapping (gpus:, offers:, sources: ...)")
+    for key in document:
+        if key not in DOCUMENT_KEYS:
+            raise HwdbError(path, f"unknown top-level key{did_you_mean(str(key), DOCUMENT_KEYS)}", key=str(key))
+    if "date" in document:
+        layer.dates[path] = _as_date(path, None, "date", document["date"])
+    for kind, bucket in (("gpus", layer.gpus), ("offers", layer.offers), ("sources", layer.sources)):
+        entries = document.get(kind)
+        if entries is None:
+            continue
+        if not isinstance(entries, list):
+            raise HwdbError(path, "must be a list of entries", key=kind)
+        for index, raw in enumerate(entries, start=1):
+            label = _entry_label(kind, index, raw)
+            if not isinstance(raw, dict):
+                raise HwdbError(path, "must be a mapping of keys to values", entry=label)
+            bucket.append((path, label, raw))
+    for key in ("electricity_usd_per_kwh", "electricity_source", "electricity_notes"):
+        if key in document:
+            layer.defaults[key] = (path, document[key])
+
+
+def _entry_label(kind: str, index: int, raw: Any) -> str:
+    if isinstance(raw, dict):
+        if kind == "offers" and {"gpu", "provider", "instance"} <= raw.keys():
+            return f"#{index} ({raw['provider']} {raw['instance']} {raw['gpu']})"
+        if "id" in raw:
+            return f"'{raw['id']}'"
+    return f"#{index}"
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def _entry_key(kind: str, raw: dict[str, Any]) -> str:
+    if kind == "offers":
+        return f"{raw.get('provider')}/{raw.get('instance')}/{raw.get('gpu')}"
+    return str(raw.get("id"))
+
+
+def _merge(
+    layers: Sequence[_Layer], kind: str, noun: str, overrides: list[Override]
+) -> dict[str, tuple[Path, str, dict[str, Any]]]:
+    """Entries by key; a later layer replaces an earlier one, a repeat inside a layer is an error."""
+    merged: dict[str, tuple[Path, str, dict[str, Any]]] = {}
+    for layer in layers:
+        seen: dict[str, Path] = {}
+        for path, label, raw in getattr(layer, kind):
+            key = _entry_key(kind, raw)
+            if key in seen:
+                field = "id" if kind != "offers" else "instance"
+                raise HwdbError(path, f"duplicate {noun} (also defined in {seen[key]})", entry=label, key=field)
+            seen[key] = path
+            if key in merged:
+                overrides.append(Override(noun, key, str(merged[key][0]), str(path)))
+            merged[key] = (path, label, raw)
+    return merged
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _check_keys(path: Path, label: str, raw: dict[str, Any], required: Iterable[str], optional: Iterable[str]) -> None:
+    allowed = set(required) | set(optional)
+    for key in raw:
+        if key not in allowed:
+            raise HwdbError(path, f"unknown key{did_you_mean(str(key), allowed)}", entry=label, key=str(key))
+    for key in required:
+        if raw.get(key) is None:
+            raise HwdbError(path, "is required", entry=label, key=key)
+
+
+def _as_str(path: Path, label: str | None, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise HwdbError(path, f"must be a non-empty string, got {value!r}", entry=label, key=key)
+    return value
+
+
+def _as_number(path: Path, label: str | None, key: str, value: Any, limit_key: str | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HwdbError(path, f"must be a number, got {value!r}", entry=label, key=key)
+    if not value > 0:
+        raise HwdbError(path, f"must be positive, got {value}", entry=label, key=key)
+    limit = LIMITS.get(limit_key or key)
+    if limit is not None and value > limit:
+        raise HwdbError(path, f"{value} is not plausible (above {limit}); check the unit", entry=label, key=key)
+    return float(value)
+
+
+def _as_int(path: Path, label: str, key: str, value: Any) -> int:
+    number = _as_number(path, label, key, value)
+    if number != int(number):
+        raise HwdbError(path, f"must be a whole number, got {value}", entry=label, key=key)
+    return int(number)
+
+
+def _as_date(path: Path, label: str | None, key: str, value: Any) -> dt.date:
+    if isinstance(value, dt.date):
+        return value
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise HwdbError(path, f"must be a date YYYY-MM-DD, got {value!r}", entry=label, key=key)
+
+
+def _as_choice(path: Path, label: str, key: str, value: Any, choices: Sequence[str]) -> str:
+    text = _as_str(path, label, key, value)
+    if text not in choices:
+        raise HwdbError(path, f"'{text}' is not one of {', '.join(choices)}", entry=label, key=key)
+    return text
+
+
+def _optional(raw: dict[str, Any], key: str, convert: Callable[[Any], Any]) -> Any:
+    value = raw.get(key)
+    return None if value is None else convert(value)
+
+
+def _build_source(path: Path, label: str, raw: dict[str, Any]) -> Source:
+    _check_keys(path, label, raw, SOURCE_REQUIRED, ())
+    source_id = _as_str(path, label, "id", raw["id"])
+    grade = _as_choice(path, label, "grade", raw["grade"], GRADES)
+    url = raw["url"] if isinstance(raw["url"], str) else ""
+    return Source(source_id, grade, _as_str(path, label, "title", raw["title"]), url)
+
+
+def _build_peaks(path: Path, label: str, raw: Any) -> PeakThroughput:
+    if not isinstance(raw, dict) or not raw:
+        raise HwdbError(path, "must map math modes to TFLOP/s, e.g. {fp32: 35.6}", entry=label, key="peak_tflops")
+    values: dict[str, float] = {}
+    for mode, tflops in raw.items():
+        if mode not in PEAK_MODES:
+            hint = did_you_mean(str(mode), PEAK_MODES)
+            raise HwdbError(path, f"unknown math mode{hint}", entry=label, key=f"peak_tflops.{mode}")
+        if tflops is None:
+            continue
+        values[mode] = _as_number(path, label, f"peak_tflops.{mode}", tflops, "peak_tflops") * units.TERA
+    if not values:
+        raise HwdbError(path, "needs at least one figure", entry=label, key="peak_tflops")
+    return PeakThroughput(**values)
+
+
+def _figure_names(raw: dict[str, Any]) -> set[str]:
+    names = {key for key, value in raw.items() if value is not None}
+    peaks = raw.get("peak_tflops") or {}
+    names |= {f"peak_tflops.{mode}" for mode, value in peaks.items() if value is not None}
+    return names
+
+
+def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> GPUSpec:
+    _check_keys(path, label, raw, GPU_REQUIRED, GPU_OPTIONAL)
+    gpu_id = _as_str(path, label, "id", raw["id"])
+    if not ID_PATTERN.match(gpu_id):
+        raise HwdbError(path, "ids use lowercase letters, digits and '-' (e.g. rtx-3090)", entry=label, key="id")
+    sources = raw["sources"]
+    if not isinstance(sources, list) or not sources:
+        raise HwdbError(path, "must be a non-empty list of source ids", entry=label, key="sources")
+    for source_id in sources:
+        if source_id not in source_ids:
+            hint = did_you_mean(str(source_id), source_ids)
+            raise HwdbError(path, f"unknown source '{source_id}'{hint}", entry=label, key="sources")
+    figures = _figure_names(raw)
+    derived = raw.get("derived") or {}
+    if not isinstance(derived, dict):
+        raise HwdbError(path, "must map figure names to how they were derived", entry=label, key="derived")
+    for figure, how in derived.items():
+        if figure not in figures:
+            raise HwdbError(path, f"names '{figure}', which this entry does not have", entry=label, key="derived")
+        _as_str(path, label, f"derived.{figure}", how)
+    unverified = raw.get("unverified") or []
+    if not isinstance(unverified, list):
+        raise HwdbError(path, "must be a list of figure names", entry=label, key="unverified")
+    for figure in unverified:
+        if figure not in figures:
+            raise HwdbError(path, f"names '{figure}', which this entry does not have", entry=label, key="unverified")
+    if unverified and "X" not in sources:
+        raise HwdbError(path, "unverified figures need source X in 'sources'", entry=label, key="unverified")
+    aliases = raw.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise HwdbError(path, "must be a list of names", entry=label, key="aliases")
+    capability = raw.get("compute_capability")
+    if capability is not None and not re.fullmatch(r"\d+\.\d+", str(capability)):
+        raise HwdbError(path, f"must look like '8.6', got {capability!r}", entry=label, key="compute_capability")
+    has_nvlink = raw.get("nvlink")
+    if has_nvlink is not None and not isinstance(has_nvlink, bool):
+        raise HwdbError(path, f"must be true or false, got {has_nvlink!r}", entry=label, key="nvlink")
+    nvlink_gbps = _optional(raw, "nvlink_gbps", lambda v: _as_number(path, label, "nvlink_gbps", v))
+    if has_nvlink is False and nvlink_gbps is not None:
+        raise HwdbError(path, "nvlink is false but nvlink_gbps is given", entry=label, key="nvlink_gbps")
+    return GPUSpec(
+        id=gpu_id,
+        name=_as_str(path, label, "name", raw["name"]),
+        vendor=_as_choice(path, label, "vendor", raw["vendor"], VENDORS),
+        segment=_as_choice(path, label, "segment", raw["segment"], SEGMENTS),
+        architecture=_optional(raw, "architecture", lambda v: _as_str(path, label, "architecture", v)),
+        chip=_optional(raw, "chip", lambda v: _as_str(path, label, "chip", v)),
+        compute_capability=None if capability is None else str(capability),
+        memory_bytes=int(_as_number(path, label, "memory_gb", raw["memory_gb"]) * units.GIB),
+        memory_type=_optional(raw, "memory_type", lambda v: _as_str(path, label, "memory_type", v)),
+        bandwidth_bytes_per_s=_as_number(path, label, "bandwidth_gbps", raw["bandwidth_gbps"]) * units.GB,
+        sm_count=_optional(raw, "sm_count", lambda v: _as_int(path, label, "sm_count", v)),
+        boost_clock_hz=_optional(
+            raw, "boost_clock_mhz", lambda v: _as_number(path, label, "boost_clock_mhz", v) * units.MHZ
+        ),
+        l2_cache_bytes=_optional(
+            raw, "l2_cache_mb", lambda v: int(_as_number(path, label, "l2_cache_mb", v) * units.MB_CACHE)
+        ),
+        tdp_watts=_optional(raw, "tdp_w", lambda v: _as_number(path, label, "tdp_w", v)),
+        form_factor=_optional(raw, "form_factor", lambda v: _as_choice(path, label, "form_factor", v, FORM_FACTORS)),
+        pcie_gen=_optional(raw, "pcie_gen", lambda v: _as_int(path, label, "pcie_gen", v)),
+        pcie_lanes=_optional(raw, "pcie_lanes", lambda v: _as_int(path, label, "pcie_lanes", v)),
+        nvlink_bytes_per_s=None if nvlink_gbps is None else nvlink_gbps * units.GB,
+        has_nvlink=True if nvlink_gbps is not None else has_nvlink,
+        launch_date=_optional(raw, "launch_date", lambda v: _as_date(path, label, "launch_date", v)),
+        launch_msrp_usd=_optional(raw, "launch_msrp_usd", lambda v: _as_number(path, label, "launch_msrp_usd", v)),
+        street_price_usd=_optional(raw, "street_price_usd", lambda v: _as_number(path, label, "street_price_usd", v)),
+        street_price_date=_street_price_date(path, label, raw),
+        peaks=_build_peaks(path, label, raw["peak_tflops"]),
+        sources=tuple(sources),
+        derived=tuple((str(k), str(v)) for k, v in derived.items()),
+        unverified=tuple(str(f) for f in unverified),
+        aliases=tuple(aliases),
+        notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
+        origin=str(path),
+    )
+
+
+def _street_price_date(path: Path, label: str, raw: dict[str, Any]) -> dt.date | None:
+    has_price = raw.get("street_price_usd") is not None
+    date = _optional(raw, "street_price_date", lambda v: _as_date(path, label, "street_price_date", v))
+    if has_price and date is None:
+        raise HwdbError(path, "a street price needs the date it was seen", entry=label, key="street_price_date")
+    return date
+
+
+def _build_offer(
+    path: Path,
+    label: str,
+    raw: dict[str, Any],
+    gpu_ids: set[str],
+    source_ids: set[str],
+    file_date: dt.date | None,
+) -> CloudOffer:
+    _check_keys(path, label, raw, OFFER_REQUIRED, OFFER_OPTIONAL)
+    gpu_id = _as_str(path, label, "gpu", raw["gpu"])
+    if gpu_id not in gpu_ids:
+        raise HwdbError(path, f"unknown GPU id '{gpu_id}'{did_you_mean(gpu_id, gpu_ids)}", entry=label, key="gpu")
+    source = _as_str(path, label, "source", raw["source"])
+    if source not in source_ids:
+        raise HwdbError(path, f"unknown source '{source}'{did_you_mean(source, source_ids)}", entry=label, key="source")
+    price = _as_number(path, label, "usd_per_gpu_hour", raw["usd_per_gpu_hour"])
+    spot = _optional(
+        raw, "spot_usd_per_gpu_hour", lambda v: _as_number(path, label, "spot_usd_per_gpu_hour", v, "usd_per_gpu_hour")
+    )
+    if spot is not None and spot > price:
+        raise HwdbError(
+            path, f"spot price {spot} is above the on-demand price {price}", entry=label, key="spot_usd_per_gpu_hour"
+        )
+    date = _optional(raw, "date", lambda v: _as_date(path, label, "date", v)) or file_date
+    if date is None:
+        raise HwdbError(path, "needs a date (on the offer or at the top of the file)", entry=label, key="date")
+    gpu_only = raw.get("gpu_only", False)
+    if not isinstance(gpu_only, bool):
+        raise HwdbError(path, f"must be true or false, got {gpu_only!r}", entry=label, key="gpu_only")
+    return CloudOffer(
+        gpu_id=gpu_id,
+        provider=_as_str(path, label, "provider", raw["provider"]).lower(),
+        instance=_as_str(path, label, "instance", raw["instance"]),
+        gpus_per_instance=_as_int(path, label, "gpus_per_instance", raw["gpus_per_instance"]),
+        usd_per_gpu_hour=price,
+        spot_usd_per_gpu_hour=spot,
+        region=_as_str(path, label, "region", raw["region"]),
+        gpu_only=gpu_only,
+        source=source,
+        date=date,
+        notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
+        origin=str(path),
+    )
+
+
+def _build_defaults(layers: Sequence[_Layer], source_ids: set[str]) -> CostDefaults:
+    merged: dict[str, tuple[Path, Any]] = {}
+    for layer in layers:
+        merged.update(layer.defaults)
+    if "electricity_usd_per_kwh" not in merged:
+        raise HwdbError(layers[0].directory, "no file sets electricity_usd_per_kwh", key="electricity_usd_per_kwh")
+    path, price = merged["electricity_usd_per_kwh"]
+    kwh = _as_number(path, None, "electricity_usd_per_kwh", price)
+    if kwh > 10:
+        raise HwdbError(path, f"{kwh} USD/kWh is not plausible; check the unit", key="electricity_usd_per_kwh")
+    source_path, source = merged.get("electricity_source", (path, "X"))
+    if source not in source_ids:
+        raise HwdbError(source_path, f"unknown source '{source}'", key="electricity_source")
+    return CostDefaults(electricity_usd_per_kwh=kwh, electricity_source=str(source))
