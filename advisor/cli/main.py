@@ -1,0 +1,52 @@
+"""Entry point of the `advisor` command: parse arguments, load the database once, dispatch.
+
+Exit codes: 0 ok, 2 bad usage or bad input (one sentence on stderr), 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from advisor import __version__
+from advisor.cli import gpus
+from advisor.errors import UserError
+from advisor.hardware.loader import load_hwdb
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--hwdb",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="extra hardware/price YAML directory; its entries replace shipped ones with the same id "
+        "(repeatable; also $GPU_ADVISOR_HWDB and ~/.config/gpu-advisor/hwdb)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="advisor",
+        description="Predict training time, memory and cost of a PyTorch model on every GPU.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    gpus.add_parser(subparsers, [common])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        db = load_hwdb(args.hwdb)
+        for override in db.overrides:
+            print(f"advisor: note: {override.message()}", file=sys.stderr)
+        return args.run(args, db)
+    except UserError as exc:
+        print(f"advisor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
