@@ -121,12 +121,11 @@ class _Layer:
 
 def shipped_hwdb_dir() -> Path:
     """The database that ships with the tool: hwdb/ in a checkout, advisor/_data/hwdb when installed."""
-    checkout = Path(__file__).resolve().parents[2] / "hwdb"
-    if (checkout / "sources.yaml").is_file():
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "hwdb"
+    if (checkout / "sources.yaml").is_file() and (package.parent / "pyproject.toml").is_file():
         return checkout
-    from importlib import resources
-
-    installed = Path(str(resources.files("advisor._data.hwdb")))
+    installed = package / "_data" / "hwdb"  # where pyproject's package-dir puts hwdb/
     assert (installed / "sources.yaml").is_file(), f"shipped hardware database missing at {installed}"
     return installed
 
