@@ -1,0 +1,294 @@
+"""One registry of per-op cost formulas: FLOPs (2 per multiply-add) and bytes moved, keyed by aten op.
+
+In the spirit of `torch/utils/flop_counter.py`: a formula receives the op's arguments and output
+(real, fake or meta tensors: only shapes and dtypes are read) and returns FLOPs. Bytes are the
+sizes of the tensors the op reads and writes, a roofline's view (no cache reuse). Ops with no
+formula that are not pointwise, views or data movement are "uncounted" and reported as coverage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+aten = torch.ops.aten
+
+FlopFormula = Callable[[tuple, dict, Any], float]
+"""(positional args, every argument by its schema name, output) -> FLOPs."""
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Cost of one op call. FLOPs count 2 per multiply-add; bytes are read and written separately."""
+
+    flops: float
+    bytes_read: int
+    bytes_written: int
+    matmul: bool
+    """True for matrix-multiply-class ops (mm, bmm, conv, attention): they can run on tensor cores."""
+    counted: bool
+    """False when the registry has no formula for this op (its FLOPs are unknown, 0 here)."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    formula: FlopFormula
+    matmul: bool
+
+
+REGISTRY: dict[Any, _Entry] = {}
+"""aten OpOverloadPacket -> formula."""
+
+
+def register(*ops: Any, matmul: bool = False) -> Callable[[FlopFormula], FlopFormula]:
+    """Decorator: the formula gives the FLOPs of these ops (packets, all overloads)."""
+
+    def decorate(formula: FlopFormula) -> FlopFormula:
+        for op in ops:
+            REGISTRY[op] = _Entry(formula, matmul)
+        return formula
+
+    return decorate
+
+
+def _ops(*names: str) -> list[Any]:
+    """The aten packets of these names that exist in this torch version."""
+    return [getattr(aten, name) for name in names if hasattr(aten, name)]
+
+
+def _numel(shape: Iterable[int]) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    assert tensors, "expected a tensor output"
+    return tensors[0]
+
+
+# ----------------------------------------------------------------------------- matrix products
+
+
+@register(aten.mm, matmul=True)
+def mm_flops(args: tuple, named: dict, out: Any) -> float:
+    """[m, k] @ [k, n]: 2 * m * n * k."""
+    m, k = args[0].shape
+    n = args[1].shape[1]
+    return 2.0 * m * n * k
+
+
+@register(aten.addmm, matmul=True)
+def addmm_flops(args: tuple, named: dict, out: Any) -> float:
+    """bias + [m, k] @ [k, n]: 2 * m * n * k (the bias add is not counted, as in flop_counter)."""
+    return mm_flops(args[1:], named, out)
+
+
+@register(aten.bmm, matmul=True)
+def bmm_flops(args: tuple, named: dict, out: Any) -> float:
+    """[b, m, k] @ [b, k, n]: 2 * b * m * n * k."""
+    b, m, k = args[0].shape
+    n = args[1].shape[2]
+    return 2.0 * b * m * n * k
+
+
+@register(aten.baddbmm, matmul=True)
+def baddbmm_flops(args: tuple, named: dict, out: Any) -> float:
+    return bmm_flops(args[1:], named, out)
+
+
+def conv_flops(x_shape, w_shape, out_shape, transposed: bool) -> float:
+    """2 * batch * spatial * C_out * (C_in / groups) * kernel, where spatial is the output's
+    positions (the input's for a transposed convolution). w is [C_out, C_in/groups, *kernel]
+    ([C_in, C_out/groups, *kernel] when transposed)."""
+    batch = x_shape[0]
+    kernel = _numel(w_shape[2:])
+    if transposed:
+        spatial = _numel(x_shape[2:])
+        c_in, c_out_per_group = w_shape[0], w_shape[1]
+        return 2.0 * batch * spatial * c_in * c_out_per_group * kernel
+    spatial = _numel(out_shape[2:])
+    c_out, c_in_per_group = w_shape[0], w_shape[1]
+    return 2.0 * batch * spatial * c_out * c_in_per_group * kernel
+
+
+@register(*_ops("convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"), matmul=True)
+def convolution_flops(args: tuple, named: dict, out: Any) -> float:
+    transposed = bool(named.get("transposed", False))
+    return conv_flops(named["input"].shape, named["weight"].shape, _first_tensor(out).shape, transposed)
+
+
+@register(aten.convolution_backward, matmul=True)
+def convolution_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """grad_input and grad_weight each cost one forward convolution, when asked for."""
+    forward = conv_flops(named["input"].shape, named["weight"].shape, named["grad_output"].shape,
+                         bool(named["transposed"]))
+    output_mask = named["output_mask"]
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention_flops(q_shape, k_shape, v_shape, causal: bool) -> float:
+    """softmax(q k^T) v for q [b, h, s_q, d], k [b, h, s_k, d], v [b, h, s_k, d_v]:
+    2*b*h*s_q*s_k*d + 2*b*h*s_q*s_k*d_v. With a causal mask and s_q == s_k, only the
+    (s+1)/(2s) of score blocks at or below the diagonal are computed (flash kernels skip the rest)."""
+    *batch, s_q, d = q_shape
+    s_k = k_shape[-2]
+    d_v = v_shape[-1]
+    heads = _numel(batch)
+    flops = 2.0 * heads * s_q * s_k * (d + d_v)
+    if causal:
+        flops *= (s_k + 1) / (2 * s_k) if s_q == s_k else 1.0
+    return flops
+
+
+@register(
+    *_ops(
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    ),
+    matmul=True,
+)
+def sdpa_forward_flops(args: tuple, named: dict, out: Any) -> float:
+    causal = bool(named.get("is_causal", False))
+    return attention_flops(named["query"].shape, named["key"].shape, named["value"].shape, causal)
+
+
+@register(
+    *_ops(
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward",
+    ),
+    matmul=True,
+)
+def sdpa_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """Four matrix products (dV, dP, dQ, dK): twice the forward's two, as flop_counter counts."""
+    return 2.0 * sdpa_forward_flops(args, named, out)
+
+
+# ----------------------------------------------------------------------------- normalisation, softmax
+
+
+@register(*_ops("native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
+                "_native_batch_norm_legit_no_training", "_fused_rms_norm"))
+def norm_flops(args: tuple, named: dict, out: Any) -> float:
+    """5 FLOPs per input element (mean, subtract, square, normalise, scale/shift), as fvcore counts norms."""
+    return 5.0 * args[0].numel()
+
+
+@register(*_ops("native_layer_norm_backward", "native_group_norm_backward", "native_batch_norm_backward",
+                "_fused_rms_norm_backward"))
+def norm_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """About twice the forward: 10 FLOPs per element."""
+    return 10.0 * args[0].numel()
+
+
+@register(*_ops("_softmax", "_log_softmax"))
+def softmax_flops(args: tuple, named: dict, out: Any) -> float:
+    """5 FLOPs per element: max, subtract, exp, sum, divide."""
+    return 5.0 * args[0].numel()
+
+
+@register(*_ops("_softmax_backward_data", "_log_softmax_backward_data"))
+def softmax_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """3 FLOPs per element: multiply, sum, subtract."""
+    return 3.0 * args[0].numel()
+
+
+@register(*_ops("sum", "mean", "amax", "amin", "norm", "linalg_vector_norm", "var_mean", "var", "std"))
+def reduction_flops(args: tuple, named: dict, out: Any) -> float:
+    """One FLOP per input element."""
+    return float(args[0].numel())
+
+
+# ----------------------------------------------------------------------------- classification
+
+
+FREE_OPS = set(
+    _ops(
+        "detach", "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze",
+        "unsqueeze", "as_strided", "slice", "select", "alias", "lift_fresh", "empty", "empty_like",
+        "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense", "_to_copy_meta",
+        "split", "split_with_sizes", "unbind", "chunk", "narrow", "t_", "_record_function_enter_new",
+        "_record_function_exit", "set_", "resize_",
+    )
+)
+"""Ops that move no data and do no math (views, metadata, allocation without initialisation)."""
+
+DATA_OPS = set(
+    _ops(
+        "_to_copy", "copy_", "clone", "cat", "stack", "zeros", "zeros_like", "ones", "ones_like", "fill_",
+        "full", "full_like", "new_zeros", "new_ones", "new_full", "zero_", "embedding", "embedding_dense_backward",
+        "index", "index_select", "gather", "scatter", "scatter_add", "index_put", "index_put_", "masked_fill",
+        "masked_fill_", "constant_pad_nd", "arange", "scalar_tensor", "_unsafe_index", "_unsafe_index_put",
+        "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward",
+        "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "nll_loss_forward", "nll_loss_backward",
+        "repeat", "roll", "where", "tril", "triu", "native_dropout", "native_dropout_backward", "bernoulli_",
+        "_foreach_zero_", "rand", "randn", "rand_like", "randn_like",
+    )
+)
+"""Ops that move data but do (next to) no arithmetic: counted with 0 FLOPs and their bytes."""
+
+
+def _tensor_bytes(values: Iterable[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+def named_arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Every argument of the call by its schema name, defaults filled in."""
+    named: dict[str, Any] = {}
+    for index, argument in enumerate(func._schema.arguments):
+        if index < len(args):
+            named[argument.name] = args[index]
+        elif argument.name in kwargs:
+            named[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            named[argument.name] = argument.default_value
+    return named
+
+
+def _is_view(func: Any) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
+    """Cost of one call of aten op `func` (an OpOverload) with these arguments and output."""
+    packet = func.overloadpacket
+    if func.namespace in ("prim", "profiler") or packet in FREE_OPS or _is_view(func):
+        return OpCost(0.0, 0, 0, False, True)
+    inputs = tree_flatten((args, kwargs))[0]
+    outputs = tree_flatten(out)[0]
+    read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
+    entry = REGISTRY.get(packet)
+    if entry is not None:
+        flops = entry.formula(args, named_arguments(func, args, kwargs or {}), out)
+        return OpCost(float(flops), read, written, entry.matmul, True)
+    if torch.Tag.pointwise in func.tags:
+        elements = max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0)
+        return OpCost(float(elements), read, written, False, True)
+    if packet in DATA_OPS or packet.__name__.startswith("_foreach_"):
+        flops = _foreach_flops(packet, outputs, inputs)
+        return OpCost(flops, read, written, False, True)
+    return OpCost(0.0, read, written, False, False)
+
+
+def _foreach_flops(packet: Any, outputs: list[Any], inputs: list[Any]) -> float:
+    """Elementwise _foreach_ ops (the optimizers' fused loops): one FLOP per element of the
+    tensors they update; data ops: none."""
+    if not packet.__name__.startswith("_foreach_") or packet.__name__ == "_foreach_zero_":
+        return 0.0
+    tensors = [t for t in (outputs or inputs) if isinstance(t, torch.Tensor)]
+    if packet.__name__.endswith("_") and not outputs:
+        # in-place foreach ops return nothing: the first list argument is what they update
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)][: len(tensors)]
+    return float(sum(t.numel() for t in tensors))

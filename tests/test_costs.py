@@ -1,0 +1,144 @@
+"""The per-op cost registry on hand-computable cases (arithmetic in the comments)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from advisor.profile.costs import OpCost, attention_flops, op_cost
+
+
+class Costs(TorchDispatchMode):
+    """Collects (op name, OpCost) of every aten op run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, OpCost]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((func.overloadpacket.__name__, op_cost(func, args, kwargs or {}, out)))
+        return out
+
+    def flops(self, op: str) -> float:
+        return sum(c.flops for name, c in self.calls if name == op)
+
+    def one(self, op: str) -> OpCost:
+        found = [c for name, c in self.calls if name == op]
+        assert len(found) == 1, (op, [n for n, _ in self.calls])
+        return found[0]
+
+
+def test_mm_flops_and_bytes() -> None:
+    a, b = torch.randn(4, 5), torch.randn(5, 6)
+    with Costs() as costs:
+        torch.mm(a, b)
+    cost = costs.one("mm")
+    # mm 4x5 @ 5x6: 2*4*6*5 = 240 FLOPs
+    assert cost.flops == 240 and cost.matmul
+    # reads (4*5 + 5*6) * 4 bytes = 200, writes 4*6*4 = 96
+    assert (cost.bytes_read, cost.bytes_written) == (200, 96)
+
+
+def test_linear_is_addmm_without_bias_flops() -> None:
+    layer = torch.nn.Linear(8, 16)
+    with Costs() as costs:
+        layer(torch.randn(32, 8))
+    # addmm 32x8 @ 8x16: 2*32*16*8 = 8192 (bias add not counted, as torch's flop_counter)
+    assert costs.flops("addmm") == 8192
+
+
+def test_bmm() -> None:
+    with Costs() as costs:
+        torch.bmm(torch.randn(3, 4, 5), torch.randn(3, 5, 2))
+    # bmm 3 x (4x5 @ 5x2): 2*3*4*2*5 = 240
+    assert costs.one("bmm").flops == 240
+
+
+@pytest.mark.parametrize(
+    ("groups", "stride", "expected"),
+    [
+        # x [2,6,8,8], w [12,6,3,3], pad 1, stride 1 -> out [2,12,8,8]: 2*2*64*12*6*9 = 165,888
+        (1, 1, 165_888),
+        # stride 2 -> out [2,12,4,4]: 2*2*16*12*6*9 = 41,472
+        (1, 2, 41_472),
+        # groups 3: w [12,2,3,3] -> 2*2*64*12*2*9 = 55,296
+        (3, 1, 55_296),
+        # depthwise-like groups 6: w [12,1,3,3] -> 2*2*64*12*1*9 = 27,648
+        (6, 1, 27_648),
+    ],
+)
+def test_conv2d_groups_and_stride(groups: int, stride: int, expected: int) -> None:
+    conv = torch.nn.Conv2d(6, 12, 3, stride=stride, padding=1, groups=groups, bias=False)
+    with Costs() as costs:
+        conv(torch.randn(2, 6, 8, 8))
+    assert costs.one("convolution").flops == expected
+
+
+def test_conv2d_backward_counts_input_and_weight_gradients() -> None:
+    conv = torch.nn.Conv2d(6, 12, 3, padding=1, bias=False)
+    x = torch.randn(2, 6, 8, 8, requires_grad=True)
+    out = conv(x)
+    with Costs() as costs:
+        out.backward(torch.ones_like(out))
+    # grad_input and grad_weight each cost one forward: 2 * 165,888
+    assert costs.one("convolution_backward").flops == 2 * 165_888
+
+
+def test_attention_non_causal_and_causal() -> None:
+    q = torch.randn(2, 4, 16, 8)
+    # QK^T and PV: 2*b*h*s*s*d twice = 2*8*16*16*(8+8) = 65,536
+    assert attention_flops(q.shape, q.shape, q.shape, causal=False) == 65_536
+    # causal, s_q == s_k == 16: the (16+1)/(2*16) = 17/32 of the scores at or below the diagonal
+    assert attention_flops(q.shape, q.shape, q.shape, causal=True) == 65_536 * 17 / 32
+    with Costs() as costs:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    sdpa = [c.flops for name, c in costs.calls if name.startswith("_scaled_dot_product")]
+    assert sdpa == [65_536 * 17 / 32, 65_536]
+
+
+def test_attention_backward_is_twice_forward() -> None:
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    with Costs() as costs:
+        out.sum().backward()
+    backward = [c.flops for name, c in costs.calls if name.startswith("_scaled_dot_product")]
+    assert backward == [2 * 65_536]
+
+
+def test_layer_norm_and_softmax() -> None:
+    x = torch.randn(4, 10)
+    with Costs() as costs:
+        torch.nn.functional.layer_norm(x, (10,))
+        torch.softmax(x, dim=-1)
+    # 5 FLOPs per element on 40 elements = 200 each
+    assert costs.one("native_layer_norm").flops == 200
+    assert costs.one("_softmax").flops == 200
+
+
+def test_pointwise_and_views() -> None:
+    x = torch.randn(4, 10)
+    with Costs() as costs:
+        y = x.t().contiguous()
+        torch.relu(y)
+    # relu: one FLOP per output element = 40; reads and writes 160 bytes
+    relu = costs.one("relu")
+    assert (relu.flops, relu.bytes_read, relu.bytes_written) == (40, 160, 160)
+    assert costs.one("t").bytes_read == 0, "a view moves no data"
+
+
+def test_matmul_flops_agree_with_torch_flop_counter() -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 10)
+    )
+    x = torch.randn(4, 3, 16, 16)
+    with FlopCounterMode(display=False) as reference:
+        model(x).sum().backward()
+    model.zero_grad()
+    with Costs() as costs:
+        model(x).sum().backward()
+    ours = sum(c.flops for _, c in costs.calls if c.matmul)
+    assert ours == pytest.approx(reference.get_total_flops(), rel=0.01)
