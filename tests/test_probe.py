@@ -87,3 +87,11 @@ def test_cuda_version_decoding() -> None:
 def test_driver_names_match_database_ids(name: str, memory_mib: int, expected: str | None) -> None:
     db = load_hwdb(include_user_layers=False)
     assert match_gpu_name(db, name, memory_mib * 2**20) == expected
+
+
+def test_report_json_keeps_each_gpus_local_id() -> None:
+    gpu = nvml.LocalGPU(0, "NVIDIA H100 80GB HBM3", None, 80 * 2**30, 79 * 2**30, 1.98e9, 2.6e9, 700.0, "9.0", "h100-sxm")
+    report = nvml.NVMLReport(True, None, "560.35", "12.6", (gpu,))
+    data = report.to_dict()
+    assert data["gpus"][0]["local_id"] == "local-cuda0"
+    assert data["gpus"][0]["matched_id"] == "h100-sxm"

@@ -6,7 +6,7 @@ Values come from hwdb/*.yaml through `advisor.hardware.loader`; nothing here rea
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PEAK_MODES: tuple[str, ...] = (
@@ -186,7 +186,7 @@ class Source:
     url: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "grade": self.grade, "title": self.title, "url": self.url}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +39,7 @@ class CPUInfo:
         return 128
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "architecture": self.architecture,
-            "logical_cores": self.logical_cores,
-            "physical_cores": self.physical_cores,
-            "usable_cores": self.usable_cores,
-            "clock_hz": self.clock_hz,
-            "vector_extensions": list(self.vector_extensions),
-            "vector_width_bits": self.vector_width_bits,
-            "memory_total_bytes": self.memory_total_bytes,
-            "memory_available_bytes": self.memory_available_bytes,
-        }
-
+        return {**asdict(self), "vector_width_bits": self.vector_width_bits}
 
 def parse_cpuinfo(text: str) -> dict[str, Any]:
     """Model, physical cores, MHz and flags from the text of /proc/cpuinfo."""

@@ -6,7 +6,7 @@ with `available=False` and the reason NVML gave, never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pynvml
@@ -33,20 +33,7 @@ class LocalGPU:
         return f"local-cuda{self.index}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "local_id": self.local_id,
-            "index": self.index,
-            "name": self.name,
-            "uuid": self.uuid,
-            "memory_total_bytes": self.memory_total_bytes,
-            "memory_free_bytes": self.memory_free_bytes,
-            "sm_clock_max_hz": self.sm_clock_max_hz,
-            "memory_clock_max_hz": self.memory_clock_max_hz,
-            "power_limit_watts": self.power_limit_watts,
-            "compute_capability": self.compute_capability,
-            "matched_id": self.matched_id,
-        }
-
+        return {"local_id": self.local_id, **asdict(self)}
 
 @dataclass(frozen=True)
 class NVMLReport:
@@ -59,14 +46,7 @@ class NVMLReport:
     gpus: tuple[LocalGPU, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "available": self.available,
-            "reason": self.reason,
-            "driver_version": self.driver_version,
-            "cuda_driver_version": self.cuda_driver_version,
-            "gpus": [gpu.to_dict() for gpu in self.gpus],
-        }
-
+        return {**asdict(self), "gpus": [gpu.to_dict() for gpu in self.gpus]}
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value

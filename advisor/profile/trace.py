@@ -8,7 +8,7 @@ TorchDispatchMode with its phase, module, FLOPs and bytes from the cost registry
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -40,18 +40,7 @@ class OpRecord:
     counted: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "module": self.module,
-            "op": self.op,
-            "flops": self.flops,
-            "bytes_read": self.bytes_read,
-            "bytes_written": self.bytes_written,
-            "dtypes": list(self.dtypes),
-            "matmul": self.matmul,
-            "counted": self.counted,
-        }
-
+        return asdict(self)
 
 @dataclass(frozen=True)
 class StepTrace:
