@@ -148,29 +148,22 @@ def attention_flops(q_shape, k_shape, v_shape, causal: bool) -> float:
     return flops
 
 
-@register(
-    *_ops(
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-    ),
-    matmul=True,
+SDPA_KERNELS = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
 )
+"""Fused attention kernels; each has a `<name>_backward` op."""
+
+
+@register(*_ops(*SDPA_KERNELS), matmul=True)
 def sdpa_forward_flops(args: tuple, named: dict, out: Any) -> float:
     causal = bool(named.get("is_causal", False))
     return attention_flops(named["query"].shape, named["key"].shape, named["value"].shape, causal)
 
 
-@register(
-    *_ops(
-        "_scaled_dot_product_flash_attention_backward",
-        "_scaled_dot_product_flash_attention_for_cpu_backward",
-        "_scaled_dot_product_efficient_attention_backward",
-        "_scaled_dot_product_cudnn_attention_backward",
-    ),
-    matmul=True,
-)
+@register(*_ops(*(f"{name}_backward" for name in SDPA_KERNELS)), matmul=True)
 def sdpa_backward_flops(args: tuple, named: dict, out: Any) -> float:
     """Four matrix products (dV, dP, dQ, dK): twice the forward's two, as flop_counter counts."""
     return 2.0 * sdpa_forward_flops(args, named, out)
@@ -216,14 +209,12 @@ def reduction_flops(args: tuple, named: dict, out: Any) -> float:
 
 FREE_OPS = set(
     _ops(
-        "detach", "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze",
-        "unsqueeze", "as_strided", "slice", "select", "alias", "lift_fresh", "empty", "empty_like",
-        "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense", "_to_copy_meta",
-        "split", "split_with_sizes", "unbind", "chunk", "narrow", "t_", "_record_function_enter_new",
-        "_record_function_exit", "set_", "resize_",
+        "_unsafe_view", "slice", "split", "t_", "empty", "empty_like", "empty_strided", "new_empty",
+        "new_empty_strided", "_local_scalar_dense", "set_", "resize_",
     )
 )
-"""Ops that move no data and do no math (views, metadata, allocation without initialisation)."""
+"""Ops that move no data and do no math that `_is_view` does not catch (views by schema alias info
+are free anyway): reshaping copies-by-name, metadata, allocation without initialisation."""
 
 DATA_OPS = set(
     _ops(
