@@ -142,3 +142,15 @@ def test_matmul_flops_agree_with_torch_flop_counter() -> None:
         model(x).sum().backward()
     ours = sum(c.flops for _, c in costs.calls if c.matmul)
     assert ours == pytest.approx(reference.get_total_flops(), rel=0.01)
+
+
+def test_foreach_ops_count_the_tensors_they_update() -> None:
+    params = [torch.zeros(10), torch.zeros(6)]
+    grads = [torch.ones(10), torch.ones(6)]
+    with Costs() as costs:
+        torch._foreach_addcmul_(params, grads, grads, value=0.5)
+        torch._foreach_add(params, grads)
+    # in place: updates the 10 + 6 = 16 elements of its first list (not the 48 of all three lists)
+    assert costs.one("_foreach_addcmul_").flops == 16
+    # out of place: produces 16 elements
+    assert costs.one("_foreach_add").flops == 16

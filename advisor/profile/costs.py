@@ -267,19 +267,15 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     if torch.Tag.pointwise in func.tags:
         elements = max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0)
         return OpCost(float(elements), read, written, False, True)
-    if packet in DATA_OPS or packet.__name__.startswith("_foreach_"):
-        flops = _foreach_flops(packet, outputs, inputs)
-        return OpCost(flops, read, written, False, True)
+    if packet in DATA_OPS:
+        return OpCost(0.0, read, written, False, True)
+    if packet.__name__.startswith("_foreach_"):
+        return OpCost(_foreach_flops(args, outputs), read, written, False, True)
     return OpCost(0.0, read, written, False, False)
 
 
-def _foreach_flops(packet: Any, outputs: list[Any], inputs: list[Any]) -> float:
-    """Elementwise _foreach_ ops (the optimizers' fused loops): one FLOP per element of the
-    tensors they update; data ops: none."""
-    if not packet.__name__.startswith("_foreach_") or packet.__name__ == "_foreach_zero_":
-        return 0.0
-    tensors = [t for t in (outputs or inputs) if isinstance(t, torch.Tensor)]
-    if packet.__name__.endswith("_") and not outputs:
-        # in-place foreach ops return nothing: the first list argument is what they update
-        tensors = [t for t in inputs if isinstance(t, torch.Tensor)][: len(tensors)]
-    return float(sum(t.numel() for t in tensors))
+def _foreach_flops(args: tuple, outputs: list[Any]) -> float:
+    """Elementwise _foreach_ ops (the optimizers' fused loops): one FLOP per element of the tensors
+    they produce; an in-place one returns nothing and updates its first list argument."""
+    produced = [t for t in outputs if isinstance(t, torch.Tensor)] or list(args[0])
+    return float(sum(t.numel() for t in produced))
