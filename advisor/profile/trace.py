@@ -91,7 +91,7 @@ class _Recorder(TorchDispatchMode):
 
     def _module(self) -> str:
         names = [name for name in self.tracker.parents if name != "Global"]
-        return max(names, key=lambda n: n.count("."), default="") if names else ""
+        return max(names, key=lambda n: n.count("."), default="")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
