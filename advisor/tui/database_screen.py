@@ -8,10 +8,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from advisor import units
-from advisor.cli.gpus import GPURow, select_rows
+from advisor.cli.gpus import SORT_KEYS, GPURow, select_rows
 from advisor.hardware.specs import HardwareDB
 
-COLUMNS = (
+COLUMNS = (  # keys are `advisor gpus --sort` keys
     ("id", "ID"),
     ("memory", "Mem GB"),
     ("bandwidth", "BW GB/s"),
@@ -72,7 +72,7 @@ class DatabaseScreen(Screen):
     def action_cycle_sort(self) -> None:
         key, label = COLUMNS[self.sort_index]
         table = self.query_one(DataTable)
-        descending = key not in ("id", "price", "purchase")
+        descending = SORT_KEYS[key][1]  # larger is better: same direction as `advisor gpus --sort`
         table.sort(key, key=lambda value: _sort_key(value, descending))
         self.query_one("#summary", Static).update(
             f"{table.row_count} GPUs, {len(self.db.offers)} cloud offers from {len(self.db.providers())} providers; "
