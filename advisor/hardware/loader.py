@@ -21,6 +21,7 @@ import yaml
 
 from advisor import units
 from advisor.errors import UserError, did_you_mean
+from advisor.paths import shipped_dir
 from advisor.hardware.specs import (
     PEAK_MODES,
     CloudOffer,
@@ -121,13 +122,7 @@ class _Layer:
 
 def shipped_hwdb_dir() -> Path:
     """The database that ships with the tool: hwdb/ in a checkout, advisor/_data/hwdb when installed."""
-    package = Path(__file__).resolve().parents[1]
-    checkout = package.parent / "hwdb"
-    if (checkout / "sources.yaml").is_file() and (package.parent / "pyproject.toml").is_file():
-        return checkout
-    installed = package / "_data" / "hwdb"  # where pyproject's package-dir puts hwdb/
-    assert (installed / "sources.yaml").is_file(), f"shipped hardware database missing at {installed}"
-    return installed
+    return shipped_dir("hwdb", "sources.yaml")
 
 
 def user_config_hwdb_dir() -> Path:

@@ -186,7 +186,7 @@ def norm_backward_flops(args: tuple, named: dict, out: Any) -> float:
     return 10.0 * args[0].numel()
 
 
-@register(*_ops("_softmax", "_log_softmax"))
+@register(*_ops("_softmax", "_log_softmax", "_safe_softmax"))
 def softmax_flops(args: tuple, named: dict, out: Any) -> float:
     """5 FLOPs per element: max, subtract, exp, sum, divide."""
     return 5.0 * args[0].numel()
@@ -224,7 +224,7 @@ DATA_OPS = set(
         "masked_fill_", "constant_pad_nd", "arange", "scalar_tensor", "_unsafe_index", "_unsafe_index_put",
         "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward",
         "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "nll_loss_forward", "nll_loss_backward",
-        "repeat", "roll", "where", "tril", "triu", "native_dropout", "native_dropout_backward", "bernoulli_",
+        "repeat", "roll", "select_backward", "slice_backward", "where", "tril", "triu", "native_dropout", "native_dropout_backward", "bernoulli_",
         "_foreach_zero_", "rand", "randn", "rand_like", "randn_like",
     )
 )
@@ -264,11 +264,11 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     if entry is not None:
         flops = entry.formula(args, named_arguments(func, args, kwargs or {}), out)
         return OpCost(float(flops), read, written, entry.matmul, True)
+    if packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
+        return OpCost(0.0, read, written, False, True)
     if torch.Tag.pointwise in func.tags:
         elements = max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0)
         return OpCost(float(elements), read, written, False, True)
-    if packet in DATA_OPS:
-        return OpCost(0.0, read, written, False, True)
     if packet.__name__.startswith("_foreach_"):
         return OpCost(_foreach_flops(args, outputs), read, written, False, True)
     return OpCost(0.0, read, written, False, False)

@@ -3,6 +3,12 @@
 The model is built inside torch's FakeTensorMode, so parameters and activations have shapes and
 dtypes but no storage: a 7B model costs no real memory. Every aten op is recorded through a
 TorchDispatchMode with its phase, module, FLOPs and bytes from the cost registry (costs.py).
+
+Models that look at the values of their inputs (`mask.all()`, `.item()`, `nonzero`, as Hugging
+Face models and detection heads do) cannot run on values-free fake tensors. For them the step is
+traced again with real inputs, and every small tensor computed from inputs alone (no weights) is
+also computed for real beside its fake twin; a data-dependent op then gets its real answer. The
+trace says which way it was taken (`values`: "fake" or "fake+real-inputs").
 """
 
 from __future__ import annotations
@@ -12,17 +18,33 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.module_tracker import ModuleTracker
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
 from advisor.profile.costs import op_cost
+from advisor.profile.user_code import user_code
 
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 PHASES = ("forward", "backward", "optimizer")
+
+OUTSIDE_MODEL = {"loss": "(loss)", "optimizer": "(optimizer)"}
+"""Module names of ops that run outside the model's modules."""
+
+DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
+"""What fake tensors raise when an op needs the values of its inputs."""
+
+MAX_REAL_ELEMENTS = 1 << 24
+"""Largest tensor (elements) computed for real beside its fake twin in the real-inputs fallback."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +73,19 @@ class StepTrace:
     optimizer: str
     params: int
     records: tuple[OpRecord, ...] = field(repr=False)
+    values: str = "fake"
+    """How values were provided: "fake" (shapes only) or "fake+real-inputs" (the fallback for
+    models whose control flow reads their inputs)."""
+    data_dependent_ops: dict[str, int] = field(default_factory=dict)
+    """Ops answered from real values in the fallback, op name -> calls."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
         return sum(r.flops for r in self.records if phase is None or r.phase == phase)
+
+    def model_forward_flops(self) -> float:
+        """FLOPs of the model's forward alone (the loss left out): what a forward profile counts."""
+        return sum(r.flops for r in self.records if r.phase == "forward" and r.module not in OUTSIDE_MODEL.values())
 
     def bytes_moved(self, phase: str | None = None) -> int:
         return sum(r.bytes_read + r.bytes_written for r in self.records if phase is None or r.phase == phase)
@@ -73,6 +104,8 @@ class StepTrace:
             "precision": self.precision,
             "optimizer": self.optimizer,
             "params": self.params,
+            "values": self.values,
+            "data_dependent_ops": dict(self.data_dependent_ops),
             "flops": {phase: self.flops(phase) for phase in PHASES} | {"total": self.flops()},
             "bytes": {phase: self.bytes_moved(phase) for phase in PHASES} | {"total": self.bytes_moved()},
             "uncounted_ops": self.uncounted(),
@@ -80,23 +113,49 @@ class StepTrace:
         }
 
 
-class _Recorder(TorchDispatchMode):
-    """Records every aten op with the current phase and innermost module."""
+class _CostFormulaError(AssertionError):
+    """A cost formula failed on an op: our bug, never blamed on the user's model."""
 
-    def __init__(self, tracker: ModuleTracker) -> None:
+
+class _Recorder(TorchDispatchMode):
+    """Records every aten op with the current phase and innermost module.
+
+    With `fake_mode` given (the real-inputs fallback), tensors computed from inputs alone keep a
+    real twin, and an op that needs values is answered from the twins."""
+
+    def __init__(self, tracker: ModuleTracker, fake_mode: FakeTensorMode | None = None) -> None:
         super().__init__()
         self.tracker = tracker
         self.phase = "forward"
         self.records: list[OpRecord] = []
+        self.fake_mode = fake_mode
+        self.real: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.data_dependent: dict[str, int] = {}
 
     def _module(self) -> str:
+        """The innermost module by attribute path from the model ("" is the model itself, as fvcore
+        names it); ops outside the model are "(loss)" or "(optimizer)"."""
         names = [name for name in self.tracker.parents if name != "Global"]
-        return max(names, key=lambda n: n.count("."), default="")
+        if not names:
+            return OUTSIDE_MODEL["optimizer" if self.phase == "optimizer" else "loss"]
+        innermost = max(names, key=lambda n: n.count("."))
+        return innermost.partition(".")[2]  # ModuleTracker names the root by its class: drop it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        cost = op_cost(func, args, kwargs, out)
+        try:
+            out = func(*args, **kwargs)
+        except DATA_DEPENDENT_ERRORS:
+            real_arguments = None if self.fake_mode is None else self._real_arguments(args, kwargs)
+            if real_arguments is None:
+                raise
+            out = self._answer_from_real_values(func, real_arguments)
+        else:
+            self._keep_real_twin(func, args, kwargs, out)
+        try:
+            cost = op_cost(func, args, kwargs, out)
+        except Exception as exc:
+            raise _CostFormulaError(f"cost formula of {func} failed: {exc!r}") from exc
         if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
             dtypes = tuple(
                 sorted({str(t.dtype).removeprefix("torch.") for t in tree_flatten((args, kwargs))[0]
@@ -107,6 +166,59 @@ class _Recorder(TorchDispatchMode):
                          cost.bytes_written, dtypes, cost.matmul, cost.counted)
             )
         return out
+
+    # ------------------------------------------------------------------ real-inputs fallback
+
+    def _real_value(self, value: Any) -> Any:
+        """The real twin of a tensor (a real tensor is its own); None when it has none."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        if not isinstance(value, FakeTensor):
+            return value
+        return self.real.get(value)
+
+    def _real_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        flat, spec = tree_flatten((args, kwargs))
+        real = [self._real_value(v) for v in flat]
+        if any(r is None and isinstance(v, torch.Tensor) for r, v in zip(real, flat)):
+            return None
+        return tree_unflatten(real, spec)
+
+    def _run_real(self, func, args: tuple, kwargs: dict) -> Any:
+        with _disable_current_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
+            return func(*args, **kwargs)
+
+    def _keep_real_twin(self, func, args: tuple, kwargs: dict, out: Any) -> None:
+        if self.fake_mode is None or self.phase != "forward":
+            return
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
+        if not outputs or sum(t.numel() for t in outputs) > MAX_REAL_ELEMENTS:
+            return
+        real_arguments = self._real_arguments(args, kwargs)
+        if real_arguments is None:
+            return
+        real_out = self._run_real(func, *real_arguments)
+        for fake, real in zip(tree_flatten(out)[0], tree_flatten(real_out)[0]):
+            if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor):
+                self.real[fake] = real
+
+    def _answer_from_real_values(self, func, real_arguments: tuple[tuple, dict]) -> Any:
+        """A data-dependent op: compute it on the real twins and give back fake tensors of the
+        real result's shape (or the real Python scalar)."""
+        assert self.fake_mode is not None
+        real_out = self._run_real(func, *real_arguments)
+        name = func.overloadpacket.__name__
+        self.data_dependent[name] = self.data_dependent.get(name, 0) + 1
+        fake_mode = self.fake_mode
+
+        def to_fake(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            fake = fake_mode.from_tensor(value)
+            self.real[fake] = value
+            return fake
+
+        return tree_map(to_fake, real_out)
 
 
 def default_loss(output: Any, inputs: Any) -> torch.Tensor:
@@ -161,31 +273,88 @@ def trace_training_step(
     precision: str = "fp32",
     optimizer: str = "adamw",
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    source: str | None = None,
 ) -> StepTrace:
-    """Build the model on fake tensors and trace one full training step."""
+    """Build the model on fake tensors and trace one full training step.
+
+    `source` names the model file in error messages. Models whose control flow reads input values
+    are traced a second time with real inputs (see the module docstring)."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer '{optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
     if batch_size < 1:
         raise UserError(f"batch size must be at least 1, got {batch_size}")
-    loss_fn = loss_fn or default_loss
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = build_model()
-        inputs = example_input(batch_size)
+    settings = (build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source)
+    try:
+        return _trace(*settings, real_inputs=False)
+    except DATA_DEPENDENT_ERRORS:
+        return _trace(*settings, real_inputs=True)
+
+
+def _trace(
+    build_model: Callable[[], torch.nn.Module],
+    example_input: Callable[[int], Any],
+    batch_size: int,
+    precision: str,
+    optimizer: str,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    source: str | None,
+    real_inputs: bool,
+) -> StepTrace:
+    if real_inputs:  # real tensors, made before fake mode starts; their fake twins are made on use
+        with user_code(f"example_input({batch_size})", source):
+            inputs = example_input(batch_size)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        with user_code("build_model()", source):
+            model = build_model()
+        if not isinstance(model, torch.nn.Module):
+            raise UserError(f"{source or 'the model file'}: build_model() returned {type(model).__name__}, "
+                            "not a torch.nn.Module")
+        if not real_inputs:
+            with user_code(f"example_input({batch_size})", source):
+                inputs = example_input(batch_size)
+        _check_inputs(inputs, batch_size, source)
         if precision in ("bf16", "fp16"):
             dtype = torch.bfloat16 if precision == "bf16" else torch.float16
             _convert_floating_point(model, dtype)
             inputs = _cast_inputs(inputs, dtype)
+        model.train()
         params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise UserError(f"{source or 'the model'} has no trainable parameters")
         opt = make_optimizer(optimizer, params)
         tracker = ModuleTracker()
-        recorder = _Recorder(tracker)
+        recorder = _Recorder(tracker, fake_mode if real_inputs else None)
         autocast_dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
         with tracker, recorder:
             with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-                loss = loss_fn(_call(model, inputs), inputs)
+                with user_code(f"the model's forward on example_input({batch_size})", source, DATA_DEPENDENT_ERRORS):
+                    output = _call(model, inputs)
+                with user_code("loss_fn(output, inputs)", source, DATA_DEPENDENT_ERRORS):
+                    loss = loss_fn(output, inputs)
+            _check_loss(loss, source)
             recorder.phase = "backward"
-            loss.backward()
+            with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
+                loss.backward()
             recorder.phase = "optimizer"
             opt.step()
             opt.zero_grad(set_to_none=True)
-    return StepTrace(batch_size, precision, optimizer, sum(p.numel() for p in params), tuple(recorder.records))
+    return StepTrace(batch_size, precision, optimizer, sum(p.numel() for p in params), tuple(recorder.records),
+                     "fake+real-inputs" if real_inputs else "fake", dict(recorder.data_dependent))
+
+
+def _check_inputs(inputs: Any, batch_size: int, source: str | None) -> None:
+    tensors = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+    if not tensors:
+        raise UserError(f"{source or 'the model file'}: example_input({batch_size}) returned no tensor "
+                        f"(got {type(inputs).__name__}); return a Tensor, a tuple or a dict of Tensors")
+
+
+def _check_loss(loss: Any, source: str | None) -> None:
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+        what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else f"a tensor of shape {tuple(loss.shape)}"
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            what = "a scalar that does not require grad"
+        raise UserError(f"{source or 'the model file'}: the loss must be a scalar tensor that requires grad, "
+                        f"got {what}")

@@ -1,0 +1,318 @@
+"""The forward FLOP profile by module and by operator, from fvcore, on the cost registry.
+
+fvcore traces the model's forward with the TorchScript tracer (here on the meta device, so a 7B
+model needs no memory) and counts each graph node with a handle. We keep fvcore's own handles for
+matrix products and convolutions (fvcore counts one multiply-add as one flop: we multiply by 2)
+and give every other aten op a handle backed by the cost registry (costs.py): the op is run on
+fake tensors of the node's shapes and the registry's FLOPs are summed over what it dispatches to.
+So attention, normalisations, softmax and elementwise ops count here exactly as in the training
+trace, and fvcore's matmul/conv formulas stay an independent check of ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from fvcore.nn import FlopCountAnalysis, parameter_count
+from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from advisor.errors import UserError
+from advisor.profile.costs import op_cost
+from advisor.profile.user_code import user_code
+
+FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::einsum", "aten::matmul", "aten::mm",
+                      "aten::linear")
+"""fvcore's own handles we keep; they count multiply-adds, converted to FLOPs (x2)."""
+
+FLOPS_PER_MAC = 2
+
+MAX_REAL_PARAMETER_BYTES = 2 * 2**30
+"""Largest model (fp32 parameter bytes) traced on real CPU tensors when the meta device cannot run it."""
+
+
+@dataclass(frozen=True)
+class ForwardProfile:
+    """fvcore's forward profile in FLOPs (2 per multiply-add) with its coverage."""
+
+    total_flops: float
+    by_module: dict[str, float]
+    """Module path ("" = the whole model) -> FLOPs of its forward, submodules included."""
+    by_operator: dict[str, float]
+    params_by_module: dict[str, int]
+    uncounted_ops: dict[str, int]
+    """Ops in the forward that no formula counts, op -> calls (fvcore's unsupported ops and ours)."""
+    device: str
+    """Where fvcore's trace ran: "meta" (no memory) or "cpu" (real tensors, for data-dependent models)."""
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total_flops": self.total_flops,
+            "by_module": dict(self.by_module),
+            "by_operator": dict(self.by_operator),
+            "params_by_module": dict(self.params_by_module),
+            "uncounted_ops": dict(self.uncounted_ops),
+            "device": self.device,
+            "notes": list(self.notes),
+        }
+
+
+class _CostSum(TorchDispatchMode):
+    """Sums registry FLOPs of every aten op dispatched under it; remembers ops it cannot count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0.0
+        self.uncounted: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        cost = op_cost(func, args, kwargs, out)
+        self.flops += cost.flops
+        if not cost.counted:
+            self.uncounted.append(func.overloadpacket.__name__)
+        return out
+
+
+class _Unresolved(Exception):
+    """A graph value whose content the handle cannot rebuild from the trace."""
+
+
+def _jit_dtype(value: torch._C.Value) -> torch.dtype:
+    dtype = value.type().dtype()
+    if dtype is None:
+        raise _Unresolved(f"no dtype for {value.debugName()}")
+    return dtype
+
+
+SCALAR_CONVERSIONS = frozenset({"aten::Int", "aten::ScalarImplicit", "aten::Float", "prim::NumToTensor"})
+"""Graph nodes that only convert a Python number to or from a 0-d tensor: free, and see-through."""
+
+FREE_KINDS = SCALAR_CONVERSIONS | {"aten::size", "aten::dim", "aten::numel"}
+
+_SCALAR_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+    "aten::floor_divide": lambda a, b: a // b,
+    "aten::mul": lambda a, b: a * b,
+    "aten::add": lambda a, b: a + b,
+    "aten::sub": lambda a, b: a - b,
+    "aten::div": lambda a, b: a / b,
+    "aten::remainder": lambda a, b: a % b,
+}
+
+
+def _scalar(value: torch._C.Value) -> Any:
+    """The Python number a graph value holds when it is computed from shapes and constants only
+    (the tracer records `x.size(0) // heads` as size, NumToTensor, floor_divide, Int)."""
+    node = value.node()
+    kind = node.kind()
+    inputs = list(node.inputs())
+    if kind == "prim::Constant":
+        return value.toIValue()
+    if kind == "aten::size":
+        sizes = inputs[0].type().sizes()
+        if sizes is None:
+            raise _Unresolved("size of an unknown shape")
+        return sizes[_scalar(inputs[1])]
+    if kind in SCALAR_CONVERSIONS:
+        return _scalar(inputs[0])
+    if kind in _SCALAR_ARITHMETIC:
+        return _SCALAR_ARITHMETIC[kind](_scalar(inputs[0]), _scalar(inputs[1]))
+    raise _Unresolved(f"{kind} is not a shape computation")
+
+
+def _is_shape_arithmetic(value: torch._C.Value) -> bool:
+    if value.node().kind() not in _SCALAR_ARITHMETIC:
+        return False
+    try:
+        _scalar(value)
+    except _Unresolved:
+        return False
+    return True
+
+
+def _rebuild(value: torch._C.Value, fake_mode: FakeTensorMode) -> Any:
+    """A graph value as an argument: the number a shape computation gives, a fake CPU tensor of
+    its traced shape, or the constant it holds."""
+    node = value.node()
+    kind = node.kind()
+    value_type = value.type()
+    if kind in FREE_KINDS or kind in _SCALAR_ARITHMETIC:
+        try:
+            return _scalar(value)
+        except _Unresolved:
+            if not isinstance(value_type, torch._C.TensorType):
+                raise
+    if isinstance(value_type, torch._C.TensorType):
+        sizes = value_type.sizes()
+        if sizes is None:
+            raise _Unresolved(f"no shape for {value.debugName()}")
+        with fake_mode:
+            return torch.empty(sizes, dtype=_jit_dtype(value))
+    if kind == "prim::Constant":
+        return value.toIValue()
+    if kind == "prim::ListConstruct":
+        return [_rebuild(v, fake_mode) for v in node.inputs()]
+    raise _Unresolved(f"{kind} value")
+
+
+def _call_arguments(node: torch._C.Node, fake_mode: FakeTensorMode) -> tuple[Any, tuple, dict]:
+    """The aten overload of a graph node and its arguments, keyword-only ones by name."""
+    schema_text = node.schema()
+    if schema_text == "(no schema)":
+        raise _Unresolved(f"{node.kind()} has no schema")
+    schema = torch._C.parse_schema(schema_text)
+    packet = getattr(torch.ops.aten, schema.name.removeprefix("aten::"))
+    overload = getattr(packet, schema.overload_name or "default")
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for argument, value in zip(schema.arguments, node.inputs()):
+        rebuilt = _rebuild(value, fake_mode)
+        if argument.kwarg_only:
+            kwargs[argument.name] = rebuilt
+        else:
+            args.append(rebuilt)
+    return overload, tuple(args), kwargs
+
+
+class _RegistryHandles:
+    """An fvcore handle for any aten op: the registry's FLOPs of the op on fake tensors of the
+    traced shapes. Keeps what it could not count, by op."""
+
+    def __init__(self) -> None:
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.uncounted: Counter[str] = Counter()
+
+    def __call__(self, inputs: list[torch._C.Value], outputs: list[torch._C.Value]) -> float:
+        if not outputs:
+            return 0.0
+        node = outputs[0].node()
+        if node.kind() in FREE_KINDS or _is_shape_arithmetic(outputs[0]):
+            return 0.0
+        counter = _CostSum()
+        try:
+            overload, args, kwargs = _call_arguments(node, self.fake_mode)
+            with self.fake_mode, counter:
+                overload(*args, **kwargs)
+        except (_Unresolved, RuntimeError, TypeError, ValueError):  # cannot replay: report it, never guess
+            self.uncounted[node.kind().removeprefix("aten::")] += 1
+            return 0.0
+        for name in counter.uncounted:
+            self.uncounted[name] += 1
+        return counter.flops
+
+
+def _mac_handle(fvcore_handle: Callable[..., Any]) -> Callable[..., Any]:
+    def handle(inputs: list[torch._C.Value], outputs: list[torch._C.Value]) -> Any:
+        count = fvcore_handle(inputs, outputs)
+        if isinstance(count, Counter):
+            return Counter({k: FLOPS_PER_MAC * v for k, v in count.items()})
+        return FLOPS_PER_MAC * count
+    return handle
+
+
+def _all_aten_op_names() -> set[str]:
+    return {schema.name for schema in torch._C._jit_get_all_schemas() if schema.name.startswith("aten::")}
+
+
+class _PositionalCall(torch.nn.Module):
+    """Calls the model with the example's tensors as positional, keyword or tuple arguments and
+    returns its output tensors as a tuple (what the TorchScript tracer accepts)."""
+
+    def __init__(self, model: torch.nn.Module, structure: Callable[[tuple], tuple[tuple, dict]]) -> None:
+        super().__init__()
+        self.model = model
+        self.structure = structure
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args, kwargs = self.structure(tensors)
+        output = self.model(*args, **kwargs)
+        return tuple(t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor))
+
+
+def _positional(model: torch.nn.Module, inputs: Any) -> tuple[_PositionalCall, tuple[torch.Tensor, ...]]:
+    if isinstance(inputs, dict):
+        keys = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+        constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
+        return (_PositionalCall(model, lambda t: ((), dict(zip(keys, t)) | constants)),
+                tuple(inputs[k] for k in keys))
+    if isinstance(inputs, (tuple, list)):
+        return _PositionalCall(model, lambda t: (tuple(t), {})), tuple(inputs)
+    return _PositionalCall(model, lambda t: (tuple(t), {})), (inputs,)
+
+
+def _unwrap(name: str) -> str | None:
+    """fvcore's module names under the wrapper -> the model's own ("" is the model)."""
+    if name == "":
+        return None
+    if name == "model":
+        return ""
+    return name.removeprefix("model.")
+
+
+def _analyse(model: torch.nn.Module, inputs: Any, device: str, source: str | None) -> ForwardProfile:
+    wrapper, tensors = _positional(model, inputs)
+    analysis = FlopCountAnalysis(wrapper, tensors)
+    registry = _RegistryHandles()
+    handles: dict[str, Any] = {name: registry for name in _all_aten_op_names()}
+    handles.update({name: _mac_handle(_DEFAULT_SUPPORTED_OPS[name]) for name in FVCORE_MAC_HANDLES})
+    analysis.set_op_handle(**handles)
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    with user_code("the model's forward (fvcore trace)", source), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with contextlib.redirect_stdout(io.StringIO()):
+            by_module_raw = analysis.by_module()
+    by_module = {_unwrap(k): float(v) for k, v in by_module_raw.items() if _unwrap(k) is not None}
+    uncounted = Counter(registry.uncounted)
+    for op, calls in analysis.unsupported_ops().items():
+        uncounted[op] += calls
+    params = {_unwrap(k): int(v) for k, v in parameter_count(wrapper).items() if _unwrap(k) is not None}
+    return ForwardProfile(
+        total_flops=float(analysis.total()),
+        by_module=by_module,
+        by_operator={k: float(v) for k, v in analysis.by_operator().items()},
+        params_by_module=params,
+        uncounted_ops=dict(uncounted),
+        device=device,
+    )
+
+
+def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],
+                    batch_size: int, source: str | None = None) -> ForwardProfile:
+    """fvcore's forward profile of the model at this batch size, in training mode.
+
+    Runs on the meta device; a model that reads its input values (which meta tensors lack) is
+    traced on real CPU tensors when its weights fit in MAX_REAL_PARAMETER_BYTES."""
+    with torch.device("meta"):
+        with user_code("build_model()", source):
+            model = build_model()
+        with user_code(f"example_input({batch_size})", source):
+            inputs = example_input(batch_size)
+    model.train()
+    try:
+        return _analyse(model, inputs, "meta", source)
+    except UserError as meta_error:
+        parameter_bytes = sum(p.numel() * 4 for p in model.parameters())
+        if parameter_bytes > MAX_REAL_PARAMETER_BYTES:
+            raise UserError(
+                f"{meta_error}\nthe forward profile needs real tensors for this model (it reads its inputs' "
+                f"values) and its {parameter_bytes / 2**30:.1f} GiB of weights are too large for that"
+            ) from meta_error
+    with user_code("build_model()", source):
+        model = build_model()
+    with user_code(f"example_input({batch_size})", source):
+        inputs = example_input(batch_size)
+    model.train()
+    profile = _analyse(model, inputs, "cpu", source)
+    return ForwardProfile(**{**profile.__dict__, "notes": ("traced on real CPU tensors: the model reads its "
+                                                           "input values, which the meta device does not have",)})

@@ -1,0 +1,131 @@
+"""Load a model file by the contract of PRODUCT.md, or one of the built-in examples.
+
+    def build_model() -> torch.nn.Module
+    def example_input(batch_size: int)         # a Tensor, tuple of Tensors or dict of Tensors
+    def loss_fn(output, inputs) -> Tensor       # optional
+    SAMPLE_UNIT = "images"                      # optional
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import UserError, closest_matches
+from advisor.paths import shipped_dir
+from advisor.profile.user_code import user_code
+
+DEFAULT_EXAMPLE = "resnet50"
+"""The model `advisor estimate` and `advisor profile` use when none is given."""
+
+
+def examples_dir() -> Path:
+    return shipped_dir("examples", f"{DEFAULT_EXAMPLE}.py")
+
+
+def builtin_examples() -> dict[str, Path]:
+    """Built-in example name (file stem) -> path."""
+    return {p.stem: p for p in sorted(examples_dir().glob("*.py")) if not p.stem.startswith("_")}
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A loaded model file: its path, display name and the functions of the contract."""
+
+    path: Path
+    name: str
+    builtin: bool
+    build_model: Callable[[], Any]
+    example_input: Callable[[int], Any]
+    loss_fn: Callable[[Any, Any], Any] | None
+    sample_unit: str
+
+    @property
+    def source(self) -> str:
+        """How messages name the file."""
+        return f"example '{self.name}'" if self.builtin else str(self.path)
+
+
+def resolve_model_path(spec: str | None) -> tuple[Path, bool]:
+    """The file `spec` names and whether it is a built-in example: an existing path, or an example
+    name (`resnet50`, `examples/resnet50.py`); None gives the default example."""
+    examples = builtin_examples()
+    if spec is None:
+        return examples[DEFAULT_EXAMPLE], True
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.resolve(), False
+    stem = Path(spec).stem if spec.endswith(".py") else spec
+    if stem in examples and (len(path.parts) == 1 or path.parent.name == "examples"):
+        return examples[stem], True
+    if path.is_dir():
+        raise UserError(f"'{spec}' is a directory; give a model file (.py)")
+    suggestions = closest_matches(stem, examples)
+    hint = f"; did you mean the built-in example {', '.join(suggestions)}?" if suggestions else ""
+    raise UserError(
+        f"model file '{spec}' not found{hint} (built-in examples: {', '.join(examples)})"
+    )
+
+
+def _exec_module(path: Path, source: str) -> Any:
+    module_name = f"advisor_user_model_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"{source}: cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))  # the file may import modules that sit beside it
+    try:
+        with user_code("importing the file", source):
+            try:
+                spec.loader.exec_module(module)
+            except SyntaxError as exc:
+                raise UserError(f"{source}, line {exc.lineno}: syntax error: {exc.msg}") from exc
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _required_function(module: Any, name: str, signature: str, source: str) -> Callable[..., Any]:
+    function = getattr(module, name, None)
+    if function is None:
+        raise UserError(
+            f"{source} defines no {name}(); a model file defines build_model() and example_input(batch_size) "
+            f"(see {examples_dir() / 'mlp.py'})"
+        )
+    if not callable(function):
+        raise UserError(f"{source}: {name} must be a function {signature}, got {type(function).__name__}")
+    return function
+
+
+def _check_accepts(function: Callable[..., Any], count: int, name: str, source: str) -> None:
+    try:
+        inspect.signature(function).bind(*range(count))
+    except TypeError as exc:
+        raise UserError(f"{source}: {name} must accept {count} positional argument(s): {exc}") from exc
+    except ValueError:  # builtins without a signature: trust them
+        pass
+
+
+def load_model_file(spec: str | None) -> ModelFile:
+    """Import the model file (or example) `spec` and check it follows the contract."""
+    path, builtin = resolve_model_path(spec)
+    source = f"example '{path.stem}'" if builtin else str(spec)
+    module = _exec_module(path, source)
+    build_model = _required_function(module, "build_model", "build_model() -> torch.nn.Module", source)
+    example_input = _required_function(module, "example_input", "example_input(batch_size)", source)
+    _check_accepts(build_model, 0, "build_model", source)
+    _check_accepts(example_input, 1, "example_input", source)
+    loss_fn = getattr(module, "loss_fn", None)
+    if loss_fn is not None:
+        if not callable(loss_fn):
+            raise UserError(f"{source}: loss_fn must be a function loss_fn(output, inputs)")
+        _check_accepts(loss_fn, 2, "loss_fn", source)
+    sample_unit = getattr(module, "SAMPLE_UNIT", "samples")
+    if not isinstance(sample_unit, str) or not sample_unit.strip():
+        raise UserError(f"{source}: SAMPLE_UNIT must be a non-empty string such as \"images\"")
+    return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit)
