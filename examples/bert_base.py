@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 SAMPLE_UNIT = "sequences"
+BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 SAMPLE_UNIT = "sequences"
+BATCH_SIZE = 8
 
 
 @dataclass(frozen=True)

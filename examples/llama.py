@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 SAMPLE_UNIT = "sequences"
+BATCH_SIZE = 1
 
 
 @dataclass(frozen=True)

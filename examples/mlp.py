@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 SAMPLE_UNIT = "images"
+BATCH_SIZE = 64
 HIDDEN = 1024
 
 

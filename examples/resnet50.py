@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 SAMPLE_UNIT = "images"
+BATCH_SIZE = 32
 IMAGE_SIZE = 224
 NUM_CLASSES = 1000
 LAYERS = (3, 4, 6, 3)

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 SAMPLE_UNIT = "images"
+BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from advisor import __version__
-from advisor.cli import gpus
+from advisor.cli import gpus, profile
 from advisor.errors import UserError
 from advisor.hardware.loader import load_hwdb
 
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     gpus.add_parser(subparsers, [common])
+    profile.add_parser(subparsers, [common])
     return parser
 
 

@@ -28,16 +28,13 @@ from torch.utils._pytree import tree_flatten
 
 from advisor.errors import UserError
 from advisor.profile.costs import op_cost
-from advisor.profile.user_code import user_code
+from advisor.profile.user_code import UserCodeError, user_code
 
 FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::einsum", "aten::matmul", "aten::mm",
                       "aten::linear")
 """fvcore's own handles we keep; they count multiply-adds, converted to FLOPs (x2)."""
 
 FLOPS_PER_MAC = 2
-
-MAX_REAL_PARAMETER_BYTES = 2 * 2**30
-"""Largest model (fp32 parameter bytes) traced on real CPU tensors when the meta device cannot run it."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ class ForwardProfile:
     uncounted_ops: dict[str, int]
     """Ops in the forward that no formula counts, op -> calls (fvcore's unsupported ops and ours)."""
     device: str
-    """Where fvcore's trace ran: "meta" (no memory) or "cpu" (real tensors, for data-dependent models)."""
+    """Where fvcore's trace ran: "meta" (no memory) or "cpu" (real tensors, where meta cannot run)."""
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -287,12 +284,27 @@ def _analyse(model: torch.nn.Module, inputs: Any, device: str, source: str | Non
     )
 
 
+def _available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (bytes); 8 GiB where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
 def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],
-                    batch_size: int, source: str | None = None) -> ForwardProfile:
+                    batch_size: int, source: str | None = None,
+                    forward_bytes: int | None = None) -> ForwardProfile:
     """fvcore's forward profile of the model at this batch size, in training mode.
 
-    Runs on the meta device; a model that reads its input values (which meta tensors lack) is
-    traced on real CPU tensors when its weights fit in MAX_REAL_PARAMETER_BYTES."""
+    Runs on the meta device. Where that fails (torch's meta convolution cannot run under the
+    TorchScript tracer; models that read their input values) it runs on real CPU tensors without
+    autograd, if the weights and `forward_bytes` (what the forward writes, from the trace) fit in
+    a quarter of the available memory; otherwise it raises a UserError that says so."""
     with torch.device("meta"):
         with user_code("build_model()", source):
             model = build_model()
@@ -302,17 +314,21 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
     try:
         return _analyse(model, inputs, "meta", source)
     except UserError as meta_error:
-        parameter_bytes = sum(p.numel() * 4 for p in model.parameters())
-        if parameter_bytes > MAX_REAL_PARAMETER_BYTES:
-            raise UserError(
-                f"{meta_error}\nthe forward profile needs real tensors for this model (it reads its inputs' "
-                f"values) and its {parameter_bytes / 2**30:.1f} GiB of weights are too large for that"
-            ) from meta_error
+        reason = meta_error.sentence if isinstance(meta_error, UserCodeError) else str(meta_error)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    needed = parameter_bytes + (forward_bytes or 0)
+    budget = _available_memory_bytes() // 4
+    if needed > budget:
+        raise UserError(
+            f"fvcore could not trace the model on the meta device ({reason}) and real tensors would need "
+            f"about {needed / 2**30:.1f} GiB, over a quarter of the available memory ({budget / 2**30:.1f} GiB)"
+        )
     with user_code("build_model()", source):
         model = build_model()
     with user_code(f"example_input({batch_size})", source):
         inputs = example_input(batch_size)
     model.train()
-    profile = _analyse(model, inputs, "cpu", source)
-    return ForwardProfile(**{**profile.__dict__, "notes": ("traced on real CPU tensors: the model reads its "
-                                                           "input values, which the meta device does not have",)})
+    with torch.no_grad():
+        profile = _analyse(model, inputs, "cpu", source)
+    note = f"traced on real CPU tensors: on the meta device, {reason}"
+    return ForwardProfile(**{**profile.__dict__, "notes": (note,)})

@@ -4,6 +4,7 @@
     def example_input(batch_size: int)         # a Tensor, tuple of Tensors or dict of Tensors
     def loss_fn(output, inputs) -> Tensor       # optional
     SAMPLE_UNIT = "images"                      # optional
+    BATCH_SIZE = 32                             # optional (an extension): the usual training batch
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class ModelFile:
     example_input: Callable[[int], Any]
     loss_fn: Callable[[Any, Any], Any] | None
     sample_unit: str
+    batch_size: int | None = None
+    """The file's optional BATCH_SIZE: the batch it is usually trained with."""
 
     @property
     def source(self) -> str:
@@ -128,4 +131,7 @@ def load_model_file(spec: str | None) -> ModelFile:
     sample_unit = getattr(module, "SAMPLE_UNIT", "samples")
     if not isinstance(sample_unit, str) or not sample_unit.strip():
         raise UserError(f"{source}: SAMPLE_UNIT must be a non-empty string such as \"images\"")
-    return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit)
+    batch_size = getattr(module, "BATCH_SIZE", None)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise UserError(f"{source}: BATCH_SIZE must be a positive integer, got {batch_size!r}")
+    return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size)

@@ -1,0 +1,36 @@
+"""Human-readable numbers for the terminal: decimal SI prefixes, fixed significant digits."""
+
+from __future__ import annotations
+
+_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def si(value: float, unit: str, digits: int = 3) -> str:
+    """1.234e12, "FLOP" -> "1.23 TFLOP" (decimal prefixes, `digits` significant figures)."""
+    if value == 0:
+        return f"0 {unit}"
+    for scale, prefix in _PREFIXES:
+        if abs(value) >= scale:
+            return f"{_significant(value / scale, digits)} {prefix}{unit}"
+    return f"{_significant(value, digits)} {unit}"
+
+
+def _significant(value: float, digits: int) -> str:
+    magnitude = len(str(int(abs(value)))) if abs(value) >= 1 else 1
+    decimals = max(digits - magnitude, 0)
+    return f"{value:.{decimals}f}"
+
+
+_COUNT_PREFIXES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"))
+
+
+def count(value: int) -> str:
+    """25557032 -> "25.6 M", 6738415616 -> "6.74 B" (parameters and the like)."""
+    for scale, prefix in _COUNT_PREFIXES:
+        if abs(value) >= scale:
+            return f"{_significant(value / scale, 3)} {prefix}"
+    return str(value)
+
+
+def percent(fraction: float, digits: int = 1) -> str:
+    return f"{100 * fraction:.{digits}f}%"
