@@ -7,6 +7,7 @@ import torch
 
 from advisor.errors import UserError
 from advisor.profile.trace import OPTIMIZERS, PRECISIONS, trace_training_step
+from advisor.profile.user_code import UserCodeError
 
 
 def mlp() -> torch.nn.Module:
@@ -80,3 +81,93 @@ def test_bad_settings_are_user_errors() -> None:
         trace_training_step(mlp, inputs, 4, "fp32", "lion")
     with pytest.raises(UserError, match="batch size"):
         trace_training_step(mlp, inputs, 0, "fp32", "sgd")
+
+
+# Linear(4, 3): weight 12 + bias 3 = 15 fp32 parameters, 60 bytes per full set of tensors.
+# The optimizer phase is a steady-state step with torch's foreach implementation (CUDA's default).
+# Each _foreach_ op reads every tensor list it takes and writes the list it updates (or returns).
+OPTIMIZER_STEP = {
+    # params.add_(grads, alpha=-lr): read 60+60, write 60 = 180 B; 15 FLOPs
+    "sgd": (180, 15),
+    # bufs.mul_(0.9): 60+60; bufs.add_(grads): 120+60; params.add_(bufs, alpha=-lr): 120+60
+    # = 480 B; 3 x 15 = 45 FLOPs
+    "momentum": (480, 45),
+    # steps.add_(1.0): 2 fp32 steps + the 1.0 tensor read = 12, written 8 -> 20 B, 2 FLOPs;
+    # exp_avg.lerp_(grads): 120+60; exp_avg_sq.mul_(b2): 60+60; exp_avg_sq.addcmul_(g, g): 180+60;
+    # denom = sqrt(exp_avg_sq): 60+60; denom.div_(bias corr.): 60+60; denom.add_(eps): 60+60;
+    # params.addcdiv_(exp_avg, denom): 180+60.  Bytes: 20+180+120+240+120+120+120+240 = 1160.
+    # FLOPs: 2 + 7 x 15 = 107
+    "adam": (1160, 107),
+    # adam + decoupled weight decay params.mul_(1 - lr*wd): 60+60 B, 15 FLOPs
+    "adamw": (1280, 122),
+}
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_optimizer_update_bytes_by_hand(optimizer: str) -> None:
+    trace = trace_training_step(lambda: torch.nn.Linear(4, 3), lambda b: torch.randn(b, 4), 2, "fp32", optimizer)
+    assert (trace.bytes_moved("optimizer"), trace.flops("optimizer")) == OPTIMIZER_STEP[optimizer]
+
+
+class ReadsItsMask(torch.nn.Module):
+    """Control flow on input values: what fake tensors alone cannot run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if mask.all():
+            return self.proj(x)
+        kept = mask[0].nonzero().squeeze(1)  # a data-dependent shape
+        tokens = int(mask[0].sum().item())
+        return self.proj(x[:, kept])[:, :tokens]
+
+
+def masked_inputs(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = torch.ones(batch, 8, dtype=torch.long)
+    mask[:, 6:] = 0  # 6 of 8 tokens are real
+    return torch.randn(batch, 8, 16), mask
+
+
+def test_data_dependent_model_falls_back_to_real_input_values() -> None:
+    trace = trace_training_step(ReadsItsMask, masked_inputs, 4, "fp32", "sgd")
+    assert trace.values == "fake+real-inputs"
+    assert trace.data_dependent_ops["_local_scalar_dense"] == 2  # mask.all() and .item()
+    assert trace.data_dependent_ops["nonzero"] == 1
+    # the branch for padded masks ran on the 6 kept tokens: 2*(4*6)*16*16 = 12,288
+    assert matmul_flops(trace, "forward") == 12_288
+
+
+def test_models_that_ignore_values_stay_on_fake_tensors() -> None:
+    trace = trace_training_step(mlp, inputs, 4, "fp32", "sgd")
+    assert trace.values == "fake" and trace.data_dependent_ops == {}
+
+
+def test_build_model_exception_shows_the_users_line() -> None:
+    def build_model() -> torch.nn.Module:
+        return torch.nn.Linear(4, 0 // 0)  # the user's bug
+
+    with pytest.raises(UserCodeError) as caught:
+        trace_training_step(build_model, inputs, 2, source="model.py")
+    assert caught.value.sentence == "model.py: build_model() raised ZeroDivisionError: integer division or modulo by zero"
+    assert any("test_trace.py" in line for line in caught.value.user_frames)
+    assert any("0 // 0" in line for line in caught.value.user_frames)
+    assert not any("advisor" + "/profile" in line for line in caught.value.user_frames)  # none of ours
+
+
+def test_input_the_model_rejects_is_a_user_error() -> None:
+    with pytest.raises(UserCodeError, match=r"the model's forward on example_input\(2\) raised RuntimeError: "
+                                            r"a and b must have same reduction dim, but got \[2, 5\] X \[8, 16\]"):
+        trace_training_step(mlp, lambda b: torch.randn(b, 5), 2)
+
+
+def test_a_bug_in_a_cost_formula_is_internal_not_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    from advisor.profile import costs
+
+    def broken(args, named, out):
+        raise KeyError("formula bug")
+
+    monkeypatch.setitem(costs.REGISTRY, torch.ops.aten.addmm, costs._Entry(broken, True))
+    with pytest.raises(AssertionError, match="cost formula of aten.addmm"):
+        trace_training_step(mlp, inputs, 2)

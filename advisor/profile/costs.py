@@ -270,6 +270,8 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         elements = max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0)
         return OpCost(float(elements), read, written, False, True)
     if packet.__name__.startswith("_foreach_"):
+        if packet.__name__.endswith("_"):  # in place: returns nothing, writes its first list
+            written = _tensor_bytes(args[0])
         return OpCost(_foreach_flops(args, outputs), read, written, False, True)
     return OpCost(0.0, read, written, False, False)
 

@@ -68,7 +68,7 @@ def resolve_model_path(spec: str | None) -> tuple[Path, bool]:
         return examples[stem], True
     if path.is_dir():
         raise UserError(f"'{spec}' is a directory; give a model file (.py)")
-    suggestions = closest_matches(stem, examples)
+    suggestions = closest_matches(stem, examples) if len(path.parts) == 1 else []
     hint = f"; did you mean the built-in example {', '.join(suggestions)}?" if suggestions else ""
     raise UserError(
         f"model file '{spec}' not found{hint} (built-in examples: {', '.join(examples)})"
@@ -81,15 +81,13 @@ def _exec_module(path: Path, source: str) -> Any:
     if spec is None or spec.loader is None:
         raise UserError(f"{source}: cannot be imported as a Python file")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))  # the file may import modules that sit beside it
-    try:
-        with user_code("importing the file", source):
-            try:
-                spec.loader.exec_module(module)
-            except SyntaxError as exc:
-                raise UserError(f"{source}, line {exc.lineno}: syntax error: {exc.msg}") from exc
-    finally:
-        sys.path.remove(str(path.parent))
+    if str(path.parent) not in sys.path:  # the file may import modules beside it, as `python model.py` can
+        sys.path.append(str(path.parent))
+    with user_code("importing the file", source):
+        try:
+            spec.loader.exec_module(module)
+        except SyntaxError as exc:
+            raise UserError(f"{source}, line {exc.lineno}: syntax error: {exc.msg}") from exc
     return module
 
 

@@ -127,6 +127,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
         self.phase = "forward"
+        self.recording = True
         self.records: list[OpRecord] = []
         self.fake_mode = fake_mode
         self.real: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
@@ -143,6 +144,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not self.recording:
+            return func(*args, **kwargs)
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
@@ -230,15 +233,16 @@ def default_loss(output: Any, inputs: Any) -> torch.Tensor:
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer `name` with torch's default implementation for its settings."""
+    """The optimizer `name` as torch runs it on CUDA by default: the foreach (multi-tensor)
+    implementation, which CPU tensors would not pick on their own."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=0.01)
+        return torch.optim.SGD(params, lr=0.01, foreach=True)
     if name == "momentum":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
     if name == "adam":
-        return torch.optim.Adam(params)
+        return torch.optim.Adam(params, foreach=True)
     if name == "adamw":
-        return torch.optim.AdamW(params)
+        return torch.optim.AdamW(params, foreach=True)
     raise UserError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
 
 
@@ -275,7 +279,8 @@ def trace_training_step(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     source: str | None = None,
 ) -> StepTrace:
-    """Build the model on fake tensors and trace one full training step.
+    """Build the model on fake tensors and trace one full training step. The optimizer phase is a
+    steady-state step: its first step, which creates the state, runs unrecorded before it.
 
     `source` names the model file in error messages. Models whose control flow reads input values
     are traced a second time with real inputs (see the module docstring)."""
@@ -338,6 +343,9 @@ def _trace(
             with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
                 loss.backward()
             recorder.phase = "optimizer"
+            recorder.recording = False
+            opt.step()  # the first step creates the optimizer's state (zeros, copies): not a steady step
+            recorder.recording = True
             opt.step()
             opt.zero_grad(set_to_none=True)
     return StepTrace(batch_size, precision, optimizer, sum(p.numel() for p in params), tuple(recorder.records),

@@ -53,9 +53,9 @@ def is_user_frame(filename: str) -> bool:
 
 
 def user_traceback(exc: BaseException) -> list[str]:
-    """The user's frames of `exc`'s traceback, formatted as Python prints them (two lines each)."""
+    """The user's frames of `exc`'s traceback as Python prints them, one string per line."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_frame(f.filename)]
-    return [line.rstrip("\n") for line in traceback.format_list(frames)]
+    return [line for entry in traceback.format_list(frames) for line in entry.rstrip("\n").split("\n")]
 
 
 def _raised_by_us(exc: BaseException) -> bool:

@@ -1,0 +1,53 @@
+"""A Hugging Face `transformers` BERT, called with input_ids, token_type_ids and attention_mask
+(with padding), is profiled: the trace and fvcore's forward profile, FLOPs checked by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.profile.forward import forward_profile
+from advisor.profile.trace import trace_training_step
+
+transformers = pytest.importorskip("transformers")
+
+HIDDEN, LAYERS, HEADS, INTERMEDIATE, SEQ, BATCH = 64, 2, 4, 128, 32, 2
+
+
+def build_model() -> torch.nn.Module:
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                                     num_attention_heads=HEADS, intermediate_size=INTERMEDIATE,
+                                     max_position_embeddings=64)
+    return transformers.BertModel(config)  # built from its config: no download
+
+
+def example_input(batch_size: int) -> dict[str, torch.Tensor]:
+    input_ids = torch.randint(0, 1000, (batch_size, SEQ))
+    attention_mask = torch.ones(batch_size, SEQ, dtype=torch.long)
+    attention_mask[:, 24:] = 0  # padding, as a tokenizer gives for short sequences
+    return {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids), "attention_mask": attention_mask}
+
+
+# Matrix products of one forward, by hand (2 FLOPs per multiply-add), tokens = 2*32 = 64:
+#   per layer: Q, K, V, output projections 4 * 2*64*64*64 = 2,097,152
+#              intermediate and output     2 * 2*64*64*128 = 2,097,152
+#              attention scores and values over 2*4 = 8 heads of [32 x 16]:
+#              scores 2*8*32*32*16 = 262,144, values 2*8*32*32*16 = 262,144 -> 524,288
+#   two layers: 2 * 4,718,592 = 9,437,184; pooler on the first token: 2*2*64*64 = 16,384
+MATMUL_FORWARD = 9_453_568
+
+
+def test_hugging_face_bert_with_attention_mask_is_traced() -> None:
+    trace = trace_training_step(build_model, example_input, BATCH, "amp-bf16", "adamw")
+    assert trace.values in ("fake", "fake+real-inputs")  # which way was taken is reported
+    matmul = sum(r.flops for r in trace.records if r.phase == "forward" and r.matmul)
+    assert matmul == MATMUL_FORWARD
+    assert trace.uncounted() == {}
+    assert trace.flops("backward") > 1.9 * matmul
+
+
+def test_hugging_face_bert_forward_profile_matches_the_trace() -> None:
+    trace = trace_training_step(build_model, example_input, BATCH, "fp32", "adamw")
+    profile = forward_profile(build_model, example_input, BATCH)
+    assert profile.total_flops == pytest.approx(trace.model_forward_flops(), rel=0.01)
+    assert profile.by_module["encoder"] > 0.95 * MATMUL_FORWARD
