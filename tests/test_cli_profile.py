@@ -72,3 +72,17 @@ def test_bad_precision_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
         main(["profile", "mlp", "--precision", "fp8"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_builtin_examples_are_found_from_another_directory(tmp_path: Path) -> None:
+    """The installed package carries the examples: `advisor profile mlp` works from any directory."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "advisor", "profile", "mlp", "--json", "--no-fvcore"],
+                            cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["model"]["builtin"] is True and document["model"]["params"] == 1_863_690

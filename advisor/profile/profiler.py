@@ -109,7 +109,7 @@ class ModelProfile:
                 if record.phase == "forward":
                     forward[name] += record.flops
                     written[name] += record.bytes_written
-        params = self.forward.params_by_module if self.forward else {"": self.params}
+        params = self.trace.params_by_module
         fvcore = self.forward.by_module if self.forward else {}
         return [
             ModuleRow(name, _depth(name), params.get(name, 0), forward[name],

@@ -78,6 +78,8 @@ class StepTrace:
     models whose control flow reads their inputs)."""
     data_dependent_ops: dict[str, int] = field(default_factory=dict)
     """Ops answered from real values in the fallback, op name -> calls."""
+    params_by_module: dict[str, int] = field(default_factory=dict, repr=False)
+    """Trainable parameters of each module, submodules included ("" is the model)."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -349,7 +351,13 @@ def _trace(
             opt.step()
             opt.zero_grad(set_to_none=True)
     return StepTrace(batch_size, precision, optimizer, sum(p.numel() for p in params), tuple(recorder.records),
-                     "fake+real-inputs" if real_inputs else "fake", dict(recorder.data_dependent))
+                     "fake+real-inputs" if real_inputs else "fake", dict(recorder.data_dependent),
+                     _params_by_module(model))
+
+
+def _params_by_module(model: torch.nn.Module) -> dict[str, int]:
+    return {name: sum(p.numel() for p in module.parameters() if p.requires_grad)
+            for name, module in model.named_modules()}
 
 
 def _check_inputs(inputs: Any, batch_size: int, source: str | None) -> None:
