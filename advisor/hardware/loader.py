@@ -21,7 +21,6 @@ import yaml
 
 from advisor import units
 from advisor.errors import UserError, did_you_mean
-from advisor.paths import shipped_dir
 from advisor.hardware.specs import (
     PEAK_MODES,
     CloudOffer,
@@ -32,6 +31,7 @@ from advisor.hardware.specs import (
     PeakThroughput,
     Source,
 )
+from advisor.paths import shipped_dir
 
 ENV_VAR = "GPU_ADVISOR_HWDB"
 

@@ -9,7 +9,6 @@ cost formulas) stay what they are: internal errors.
 from __future__ import annotations
 
 import os
-import sys
 import sysconfig
 import traceback
 from collections.abc import Iterator
