@@ -171,3 +171,21 @@ def test_a_bug_in_a_cost_formula_is_internal_not_the_users(monkeypatch: pytest.M
     monkeypatch.setitem(costs.REGISTRY, torch.ops.aten.addmm, costs._Entry(broken, True))
     with pytest.raises(AssertionError, match="cost formula of aten.addmm"):
         trace_training_step(mlp, inputs, 2)
+
+
+class BranchesOnItsWeights(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.proj(x)
+        if scores.max() > 0:  # depends on weights: no real twin can answer it
+            return scores
+        return -scores
+
+
+def test_branch_on_weight_values_is_a_clear_user_error() -> None:
+    with pytest.raises(UserError, match=r"model.py branches on values computed from its weights "
+                                        r"\(aten._local_scalar_dense.default\)"):
+        trace_training_step(BranchesOnItsWeights, lambda b: torch.randn(b, 4), 2, source="model.py")

@@ -296,7 +296,16 @@ def trace_training_step(
     try:
         return _trace(*settings, real_inputs=False)
     except DATA_DEPENDENT_ERRORS:
+        pass
+    try:
         return _trace(*settings, real_inputs=True)
+    except DATA_DEPENDENT_ERRORS as exc:
+        op = getattr(exc, "func", None)
+        raise UserError(
+            f"{source or 'the model'} branches on values computed from its weights"
+            f"{f' ({op})' if op is not None else ''}, which the profiler's fake tensors do not have; "
+            "make that branch depend on shapes or inputs only, or move it out of the training step"
+        ) from exc
 
 
 def _trace(
