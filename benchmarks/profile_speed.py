@@ -68,7 +68,7 @@ def _child(method: str, model_name: str, batch: int) -> dict:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.utils.flop_counter import FlopCounterMode
 
-        from advisor.profile.trace import _call, default_loss
+        from advisor.profile.trace import call_model, default_loss
 
         loss_fn = model_file.loss_fn or default_loss
         context = FakeTensorMode(allow_non_fake_inputs=True) if method == "flopcounter-fake" else torch.device("cpu")
@@ -76,21 +76,13 @@ def _child(method: str, model_name: str, batch: int) -> dict:
             model = model_file.build_model()
             inputs = model_file.example_input(batch)
             with FlopCounterMode(display=False) as counter:
-                loss_fn(_call(model, inputs), inputs).backward()
+                loss_fn(call_model(model, inputs), inputs).backward()
         flops = float(counter.get_total_flops())
         forward = None
     return {"flops": flops, "forward_flops": forward, "inner_seconds": time.perf_counter() - started}
 
 
 # ----------------------------------------------------------------------------- parent side
-
-
-def _available_bytes() -> int:
-    with open("/proc/meminfo", encoding="ascii") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
 def _real_bytes_needed(model_name: str, batch: int) -> dict[str, int]:
@@ -141,7 +133,10 @@ def main() -> int:
         return 0
 
     needed = _real_bytes_needed(args.model, args.batch_size)
-    available = _available_bytes()
+    from advisor.probe.cpu import available_memory_bytes
+
+    available = available_memory_bytes()
+    assert available is not None, "this benchmark reads MemAvailable from /proc/meminfo"
     print(f"Profiling '{args.model}' at batch {args.batch_size}; {available / 2**30:.1f} GiB of memory available. "
           f"Wall time includes process start and imports.")
     print(f"{'method':22} {'seconds':>8} {'peak RSS':>10} {'FLOPs':>12}  what it counts")

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from advisor.profile.forward import forward_profile
 from advisor.profile.model_file import ModelFile, builtin_examples, load_model_file
-from advisor.profile.trace import _call, trace_training_step
+from advisor.profile.trace import call_model, trace_training_step
 
 # Parameter counts of the full-size examples, as the papers and reference implementations give them.
 PARAMS = {
@@ -54,7 +54,7 @@ def flop_counter_by_op(build: Callable[[], torch.nn.Module], example_input: Call
         model = build()
         inputs = example_input(batch)
         with FlopCounterMode(display=False) as counter:
-            loss_fn(_call(model, inputs), inputs).backward()
+            loss_fn(call_model(model, inputs), inputs).backward()
     return {op.__name__: float(flops) for op, flops in counter.get_flop_counts()["Global"].items()}
 
 

@@ -80,6 +80,11 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return values
 
 
+def available_memory_bytes() -> int | None:
+    """MemAvailable of this machine in bytes; None where /proc/meminfo does not say."""
+    return parse_meminfo(_read("/proc/meminfo") or "").get("MemAvailable")
+
+
 def _read(path: str) -> str | None:
     file = Path(path)
     return file.read_text(encoding="utf-8", errors="replace") if file.is_file() else None

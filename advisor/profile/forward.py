@@ -24,10 +24,12 @@ from fvcore.nn import FlopCountAnalysis, parameter_count
 from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from advisor.errors import UserError
+from advisor.probe.cpu import available_memory_bytes
 from advisor.profile.costs import op_cost
+from advisor.profile.trace import call_model
 from advisor.profile.user_code import UserCodeError, user_code
 
 FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::einsum", "aten::matmul", "aten::mm",
@@ -35,6 +37,9 @@ FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::e
 """fvcore's own handles we keep; they count multiply-adds, converted to FLOPs (x2)."""
 
 FLOPS_PER_MAC = 2
+
+FALLBACK_AVAILABLE_BYTES = 8 * 2**30
+"""Memory assumed available where /proc/meminfo cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -223,29 +228,32 @@ def _all_aten_op_names() -> set[str]:
 
 
 class _PositionalCall(torch.nn.Module):
-    """Calls the model with the example's tensors as positional, keyword or tuple arguments and
-    returns its output tensors as a tuple (what the TorchScript tracer accepts)."""
+    """Takes the example's tensors as positional arguments (what the TorchScript tracer passes),
+    rebuilds the example's structure, calls the model as the trace does, and returns its output
+    tensors as a tuple (what the tracer accepts)."""
 
-    def __init__(self, model: torch.nn.Module, structure: Callable[[tuple], tuple[tuple, dict]]) -> None:
+    def __init__(self, model: torch.nn.Module, rebuild: Callable[[tuple], Any]) -> None:
         super().__init__()
         self.model = model
-        self.structure = structure
+        self.rebuild = rebuild
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args, kwargs = self.structure(tensors)
-        output = self.model(*args, **kwargs)
+        output = call_model(self.model, self.rebuild(tensors))
         return tuple(t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor))
 
 
 def _positional(model: torch.nn.Module, inputs: Any) -> tuple[_PositionalCall, tuple[torch.Tensor, ...]]:
-    if isinstance(inputs, dict):
-        keys = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
-        constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
-        return (_PositionalCall(model, lambda t: ((), dict(zip(keys, t)) | constants)),
-                tuple(inputs[k] for k in keys))
-    if isinstance(inputs, (tuple, list)):
-        return _PositionalCall(model, lambda t: (tuple(t), {})), tuple(inputs)
-    return _PositionalCall(model, lambda t: (tuple(t), {})), (inputs,)
+    """The wrapper and the tensors to trace it with; non-tensor leaves of the example stay constants."""
+    leaves, spec = tree_flatten(inputs)
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def rebuild(tensors: tuple) -> Any:
+        filled = list(leaves)
+        for position, tensor in zip(positions, tensors):
+            filled[position] = tensor
+        return tree_unflatten(filled, spec)
+
+    return _PositionalCall(model, rebuild), tuple(leaves[i] for i in positions)
 
 
 def _unwrap(name: str) -> str | None:
@@ -284,18 +292,6 @@ def _analyse(model: torch.nn.Module, inputs: Any, device: str, source: str | Non
     )
 
 
-def _available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo (bytes); 8 GiB where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 2**30
-
-
 def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],
                     batch_size: int, source: str | None = None,
                     forward_bytes: int | None = None) -> ForwardProfile:
@@ -317,7 +313,7 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
         reason = meta_error.sentence if isinstance(meta_error, UserCodeError) else str(meta_error)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     needed = parameter_bytes + (forward_bytes or 0)
-    budget = _available_memory_bytes() // 4
+    budget = (available_memory_bytes() or FALLBACK_AVAILABLE_BYTES) // 4
     if needed > budget:
         raise UserError(
             f"fvcore could not trace the model on the meta device ({reason}) and real tensors would need "

@@ -176,11 +176,7 @@ class _Recorder(TorchDispatchMode):
 
     def _real_value(self, value: Any) -> Any:
         """The real twin of a tensor (a real tensor is its own); None when it has none."""
-        if not isinstance(value, torch.Tensor):
-            return value
-        if not isinstance(value, FakeTensor):
-            return value
-        return self.real.get(value)
+        return self.real.get(value) if isinstance(value, FakeTensor) else value
 
     def _real_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         flat, spec = tree_flatten((args, kwargs))
@@ -264,7 +260,8 @@ def _convert_floating_point(model: torch.nn.Module, dtype: torch.dtype) -> None:
                 module._buffers[name] = buffer.to(dtype)
 
 
-def _call(model: torch.nn.Module, inputs: Any) -> Any:
+def call_model(model: torch.nn.Module, inputs: Any) -> Any:
+    """model(**inputs) for a dict, model(*inputs) for a tuple or list, else model(inputs)."""
     if isinstance(inputs, dict):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
@@ -346,7 +343,7 @@ def _trace(
         with tracker, recorder:
             with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 with user_code(f"the model's forward on example_input({batch_size})", source, DATA_DEPENDENT_ERRORS):
-                    output = _call(model, inputs)
+                    output = call_model(model, inputs)
                 with user_code("loss_fn(output, inputs)", source, DATA_DEPENDENT_ERRORS):
                     loss = loss_fn(output, inputs)
             _check_loss(loss, source)
