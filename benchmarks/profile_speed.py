@@ -95,9 +95,8 @@ def _real_bytes_needed(model_name: str, batch: int) -> dict[str, int]:
     model_file = load_model_file(model_name)
     trace = trace_training_step(model_file.build_model, model_file.example_input, batch, "fp32", "sgd",
                                 model_file.loss_fn)
-    written = sum(r.bytes_written for r in trace.records if r.phase == "forward")
     weights = trace.params * 4
-    return {"fvcore-stock-real": weights, "flopcounter-real": 2 * weights + written}
+    return {"fvcore-stock-real": weights, "flopcounter-real": 2 * weights + trace.bytes_written("forward")}
 
 
 def _run_measured(method: str, model_name: str, batch: int) -> dict:

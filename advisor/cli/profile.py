@@ -108,6 +108,11 @@ def render_profile(profile: ModelProfile, depth: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def _op_counts(counts: dict[str, int]) -> str:
+    """{"nonzero": 1, "item": 2} -> "item x2, nonzero x1" (most calls first)."""
+    return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def _singular(unit: str) -> str:
     return unit[:-1] if unit.endswith("s") else unit
 
@@ -116,7 +121,7 @@ def _trace_line(profile: ModelProfile) -> str:
     trace = profile.trace
     how = "fake tensors, no memory for weights or activations"
     if trace.values != "fake":
-        answered = ", ".join(f"{op} x{n}" for op, n in sorted(trace.data_dependent_ops.items()))
+        answered = _op_counts(trace.data_dependent_ops)
         how = ("fake tensors with real input values: the model reads its inputs' values "
                f"({answered} answered from real tensors)")
     return f"Trace: {len(trace.records)} ops in {profile.trace_seconds:.2f} s on {how}"
@@ -149,8 +154,6 @@ def _module_table(profile: ModelProfile, depth: int) -> str:
     cells = []
     for row in rows:
         name = "(model)" if row.name == "" else "  " * (row.depth - 1) + row.name.rsplit(".", 1)[-1]
-        if row.name.startswith("("):
-            name = row.name
         cells.append([
             name,
             count(row.params) if row.params else "",
@@ -181,7 +184,7 @@ def _coverage_lines(profile: ModelProfile) -> str:
     coverage = profile.coverage()
     uncounted = coverage["trace_uncounted_ops"]
     if uncounted:
-        listed = ", ".join(f"{op} x{n}" for op, n in sorted(uncounted.items(), key=lambda kv: -kv[1]))
+        listed = _op_counts(uncounted)
         trace_part = (f"{percent(coverage['trace_counted_fraction'])} of {coverage['trace_ops']} traced ops counted; "
                       f"no formula (counted as 0 FLOPs, bytes kept): {listed}")
     else:
@@ -189,8 +192,7 @@ def _coverage_lines(profile: ModelProfile) -> str:
     lines = [f"Coverage: {trace_part}."]
     fvcore_uncounted = coverage["fvcore_uncounted_ops"]
     if fvcore_uncounted:
-        listed = ", ".join(f"{op} x{n}" for op, n in sorted(fvcore_uncounted.items(), key=lambda kv: -kv[1]))
-        lines.append(f"fvcore: ops not counted in the forward profile: {listed}.")
+        lines.append(f"fvcore: ops not counted in the forward profile: {_op_counts(fvcore_uncounted)}.")
     elif fvcore_uncounted is not None:
         lines.append("fvcore: every forward op counted.")
     return "\n".join(lines)

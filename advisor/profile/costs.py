@@ -33,6 +33,8 @@ class OpCost:
     """True for matrix-multiply-class ops (mm, bmm, conv, attention): they can run on tensor cores."""
     counted: bool
     """False when the registry has no formula for this op (its FLOPs are unknown, 0 here)."""
+    dtypes: tuple[str, ...] = ()
+    """dtypes of the tensors it reads, sorted ("float32", "bfloat16")."""
 
 
 @dataclass(frozen=True)
@@ -260,20 +262,22 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     inputs = tree_flatten((args, kwargs))[0]
     outputs = tree_flatten(out)[0]
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
+    dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
+    flops, matmul, counted = 0.0, False, True
     entry = REGISTRY.get(packet)
     if entry is not None:
-        flops = entry.formula(args, named_arguments(func, args, kwargs or {}), out)
-        return OpCost(float(flops), read, written, entry.matmul, True)
-    if packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
-        return OpCost(0.0, read, written, False, True)
-    if torch.Tag.pointwise in func.tags:
-        elements = max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0)
-        return OpCost(float(elements), read, written, False, True)
-    if packet.__name__.startswith("_foreach_"):
+        flops, matmul = float(entry.formula(args, named_arguments(func, args, kwargs or {}), out)), entry.matmul
+    elif packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
+        pass
+    elif torch.Tag.pointwise in func.tags:
+        flops = float(max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0))
+    elif packet.__name__.startswith("_foreach_"):
         if packet.__name__.endswith("_"):  # in place: returns nothing, writes its first list
             written = _tensor_bytes(args[0])
-        return OpCost(_foreach_flops(args, outputs), read, written, False, True)
-    return OpCost(0.0, read, written, False, False)
+        flops = _foreach_flops(args, outputs)
+    else:
+        counted = False
+    return OpCost(flops, read, written, matmul, counted, dtypes)
 
 
 def _foreach_flops(args: tuple, outputs: list[Any]) -> float:

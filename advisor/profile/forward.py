@@ -12,6 +12,7 @@ trace, and fvcore's matmul/conv formulas stay an independent check of ours.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import warnings
 from collections import Counter
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from fvcore.nn import FlopCountAnalysis, parameter_count
+from fvcore.nn import FlopCountAnalysis
 from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,7 +51,6 @@ class ForwardProfile:
     by_module: dict[str, float]
     """Module path ("" = the whole model) -> FLOPs of its forward, submodules included."""
     by_operator: dict[str, float]
-    params_by_module: dict[str, int]
     uncounted_ops: dict[str, int]
     """Ops in the forward that no formula counts, op -> calls (fvcore's unsupported ops and ours)."""
     device: str
@@ -62,7 +62,6 @@ class ForwardProfile:
             "total_flops": self.total_flops,
             "by_module": dict(self.by_module),
             "by_operator": dict(self.by_operator),
-            "params_by_module": dict(self.params_by_module),
             "uncounted_ops": dict(self.uncounted_ops),
             "device": self.device,
             "notes": list(self.notes),
@@ -277,19 +276,28 @@ def _analyse(model: torch.nn.Module, inputs: Any, device: str, source: str | Non
         warnings.simplefilter("ignore")
         with contextlib.redirect_stdout(io.StringIO()):
             by_module_raw = analysis.by_module()
-    by_module = {_unwrap(k): float(v) for k, v in by_module_raw.items() if _unwrap(k) is not None}
+    by_module = {name: float(v) for k, v in by_module_raw.items() if (name := _unwrap(k)) is not None}
     uncounted = Counter(registry.uncounted)
     for op, calls in analysis.unsupported_ops().items():
         uncounted[op] += calls
-    params = {_unwrap(k): int(v) for k, v in parameter_count(wrapper).items() if _unwrap(k) is not None}
     return ForwardProfile(
         total_flops=float(analysis.total()),
         by_module=by_module,
         by_operator={k: float(v) for k, v in analysis.by_operator().items()},
-        params_by_module=params,
         uncounted_ops=dict(uncounted),
         device=device,
     )
+
+
+def _build(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any], batch_size: int,
+           source: str | None) -> tuple[torch.nn.Module, Any]:
+    """The user's model in training mode and its example input, on the current default device."""
+    with user_code("build_model()", source):
+        model = build_model()
+    with user_code(f"example_input({batch_size})", source):
+        inputs = example_input(batch_size)
+    model.train()
+    return model, inputs
 
 
 def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],
@@ -302,11 +310,7 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
     autograd, if the weights and `forward_bytes` (what the forward writes, from the trace) fit in
     a quarter of the available memory; otherwise it raises a UserError that says so."""
     with torch.device("meta"):
-        with user_code("build_model()", source):
-            model = build_model()
-        with user_code(f"example_input({batch_size})", source):
-            inputs = example_input(batch_size)
-    model.train()
+        model, inputs = _build(build_model, example_input, batch_size, source)
     try:
         return _analyse(model, inputs, "meta", source)
     except UserError as meta_error:
@@ -319,12 +323,7 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
             f"fvcore could not trace the model on the meta device ({reason}) and real tensors would need "
             f"about {needed / 2**30:.1f} GiB, over a quarter of the available memory ({budget / 2**30:.1f} GiB)"
         )
-    with user_code("build_model()", source):
-        model = build_model()
-    with user_code(f"example_input({batch_size})", source):
-        inputs = example_input(batch_size)
-    model.train()
+    model, inputs = _build(build_model, example_input, batch_size, source)
     with torch.no_grad():
         profile = _analyse(model, inputs, "cpu", source)
-    note = f"traced on real CPU tensors: on the meta device, {reason}"
-    return ForwardProfile(**{**profile.__dict__, "notes": (note,)})
+    return dataclasses.replace(profile, notes=(f"traced on real CPU tensors: on the meta device, {reason}",))

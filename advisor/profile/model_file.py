@@ -51,7 +51,12 @@ class ModelFile:
     @property
     def source(self) -> str:
         """How messages name the file."""
-        return f"example '{self.name}'" if self.builtin else str(self.path)
+        return describe_source(self.path, self.builtin)
+
+
+def describe_source(path: Path, builtin: bool) -> str:
+    """How messages name a model file: "example 'resnet50'" or its path."""
+    return f"example '{path.stem}'" if builtin else str(path)
 
 
 def resolve_model_path(spec: str | None) -> tuple[Path, bool]:
@@ -115,7 +120,7 @@ def _check_accepts(function: Callable[..., Any], count: int, name: str, source: 
 def load_model_file(spec: str | None) -> ModelFile:
     """Import the model file (or example) `spec` and check it follows the contract."""
     path, builtin = resolve_model_path(spec)
-    source = f"example '{path.stem}'" if builtin else str(spec)
+    source = describe_source(path, builtin)
     module = _exec_module(path, source)
     build_model = _required_function(module, "build_model", "build_model() -> torch.nn.Module", source)
     example_input = _required_function(module, "example_input", "example_input(batch_size)", source)

@@ -174,9 +174,10 @@ class ModelProfile:
 
 
 def _depth(name: str) -> int:
-    if name == "" or name in OUTSIDE_MODEL.values():
-        return 0 if name == "" else 1
-    return name.count(".") + 1
+    """0 for the model, 1 for its children and the rows outside it, +1 per level below."""
+    if name == "":
+        return 0
+    return 1 if name in OUTSIDE_MODEL.values() else name.count(".") + 1
 
 
 def _ancestors(module: str, max_depth: int) -> list[str]:
@@ -207,7 +208,7 @@ def profile_model(model: ModelFile, batch_size: int | None = None, precision: st
         started = time.perf_counter()
         try:
             forward = forward_profile(model.build_model, model.example_input, batch, model.source,
-                                      sum(r.bytes_written for r in trace.records if r.phase == "forward"))
+                                      trace.bytes_written("forward"))
         except UserError as exc:  # the trace succeeded; say why fvcore could not, keep the rest
             forward_error = str(exc)
         forward_seconds = time.perf_counter() - started

@@ -92,6 +92,11 @@ class StepTrace:
     def bytes_moved(self, phase: str | None = None) -> int:
         return sum(r.bytes_read + r.bytes_written for r in self.records if phase is None or r.phase == phase)
 
+    def bytes_written(self, phase: str | None = None) -> int:
+        """Bytes the ops of the step (or of one phase) write: in the forward, activations and
+        temporaries before any is freed."""
+        return sum(r.bytes_written for r in self.records if phase is None or r.phase == phase)
+
     def uncounted(self) -> dict[str, int]:
         """Ops with no FLOP formula, op name -> calls."""
         counts: dict[str, int] = {}
@@ -162,13 +167,9 @@ class _Recorder(TorchDispatchMode):
         except Exception as exc:
             raise _CostFormulaError(f"cost formula of {func} failed: {exc!r}") from exc
         if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
-            dtypes = tuple(
-                sorted({str(t.dtype).removeprefix("torch.") for t in tree_flatten((args, kwargs))[0]
-                        if isinstance(t, torch.Tensor)})
-            )
             self.records.append(
                 OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
-                         cost.bytes_written, dtypes, cost.matmul, cost.counted)
+                         cost.bytes_written, cost.dtypes, cost.matmul, cost.counted)
             )
         return out
 
