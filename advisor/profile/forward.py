@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from fvcore.nn import FlopCountAnalysis
-from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
+
+with warnings.catch_warnings():  # fvcore calls torch.jit.script at import, which torch deprecates: not the user's concern
+    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated")
+    from fvcore.nn import FlopCountAnalysis
+    from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -30,7 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from advisor.errors import UserError
 from advisor.probe.cpu import available_memory_bytes
 from advisor.profile.costs import op_cost
-from advisor.profile.trace import call_model
+from advisor.profile.trace import call_model, fake_tensor_log_silenced
 from advisor.profile.user_code import UserCodeError, user_code
 
 FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::einsum", "aten::matmul", "aten::mm",
@@ -272,7 +275,8 @@ def _analyse(model: torch.nn.Module, inputs: Any, device: str, source: str | Non
     handles.update({name: _mac_handle(_DEFAULT_SUPPORTED_OPS[name]) for name in FVCORE_MAC_HANDLES})
     analysis.set_op_handle(**handles)
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-    with user_code("the model's forward (fvcore trace)", source), warnings.catch_warnings():
+    with user_code("the model's forward (fvcore trace)", source), warnings.catch_warnings(), \
+            fake_tensor_log_silenced():
         warnings.simplefilter("ignore")
         with contextlib.redirect_stdout(io.StringIO()):
             by_module_raw = analysis.by_module()

@@ -13,7 +13,9 @@ trace says which way it was taken (`values`: "fake" or "fake+real-inputs").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -270,6 +272,19 @@ def call_model(model: torch.nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
+@contextmanager
+def fake_tensor_log_silenced() -> Iterator[None]:
+    """Fake tensors log every kernel that fails at ERROR level before raising it (torch >= 2.14);
+    we report those errors ourselves, as one sentence, so the log stays quiet meanwhile."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    previous = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
 def trace_training_step(
     build_model: Callable[[], torch.nn.Module],
     example_input: Callable[[int], Any],
@@ -292,11 +307,13 @@ def trace_training_step(
         raise UserError(f"batch size must be at least 1, got {batch_size}")
     settings = (build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source)
     try:
-        return _trace(*settings, real_inputs=False)
+        with fake_tensor_log_silenced():
+            return _trace(*settings, real_inputs=False)
     except DATA_DEPENDENT_ERRORS:
         pass
     try:
-        return _trace(*settings, real_inputs=True)
+        with fake_tensor_log_silenced():
+            return _trace(*settings, real_inputs=True)
     except DATA_DEPENDENT_ERRORS as exc:
         op = getattr(exc, "func", None)
         raise UserError(
