@@ -15,3 +15,6 @@ TERA = 1e12
 
 MHZ = 1e6
 """Hz in one MHz (`boost_clock_mhz`)."""
+
+MIB = 2**20
+"""Bytes in one MiB (`cuda_context_mib`, `cublas_workspace_mib`)."""

@@ -103,7 +103,7 @@ OPTIMIZER_STEP = {
 }
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", OPTIMIZER_STEP)
 def test_optimizer_update_bytes_by_hand(optimizer: str) -> None:
     trace = trace_training_step(lambda: torch.nn.Linear(4, 3), lambda b: torch.randn(b, 4), 2, "fp32", optimizer)
     assert (trace.bytes_moved("optimizer"), trace.flops("optimizer")) == OPTIMIZER_STEP[optimizer]

@@ -27,6 +27,7 @@ from advisor.hardware.specs import (
     CostDefaults,
     GPUSpec,
     HardwareDB,
+    MemoryOverhead,
     Override,
     PeakThroughput,
     Source,
@@ -40,6 +41,7 @@ DOCUMENT_KEYS = {
     "gpus",
     "offers",
     "sources",
+    "memory_overheads",
     "date",
     "electricity_usd_per_kwh",
     "electricity_source",
@@ -73,6 +75,8 @@ GPU_OPTIONAL = (
 OFFER_REQUIRED = ("gpu", "provider", "instance", "gpus_per_instance", "usd_per_gpu_hour", "region", "source")
 OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date")
 SOURCE_REQUIRED = ("id", "grade", "title", "url")
+OVERHEAD_REQUIRED = ("id", "cuda_context_mib", "cublas_workspace_mib", "sources")
+OVERHEAD_OPTIONAL = ("notes",)
 
 VENDORS = ("nvidia", "amd", "intel", "apple", "other")
 SEGMENTS = ("geforce", "workstation", "datacenter", "laptop", "other")
@@ -116,6 +120,7 @@ class _Layer:
     gpus: list[tuple[Path, str, dict[str, Any]]]
     offers: list[tuple[Path, str, dict[str, Any]]]
     sources: list[tuple[Path, str, dict[str, Any]]]
+    memory_overheads: list[tuple[Path, str, dict[str, Any]]]
     defaults: dict[str, tuple[Path, Any]]
     dates: dict[Path, dt.date]
 
@@ -175,6 +180,8 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
         _build_offer(path, label, raw, gpu_ids, source_ids, dates.get(path)) for path, label, raw in offers.values()
     )
     defaults = _build_defaults(layers, source_ids)
+    overheads = _merge(layers, "memory_overheads", "memory overhead", overrides)
+    overhead_records = tuple(_build_overhead(path, label, raw, source_ids) for path, label, raw in overheads.values())
     return HardwareDB(
         gpus=gpu_records,
         offers=offer_records,
@@ -182,6 +189,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
         defaults=defaults,
         overrides=tuple(overrides),
         directories=tuple(str(d) for d in directories),
+        memory_overheads=overhead_records,
     )
 
 
@@ -189,7 +197,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
 
 
 def _read_layer(directory: Path) -> _Layer:
-    layer = _Layer(directory, [], [], [], {}, {})
+    layer = _Layer(directory, [], [], [], [], {}, {})
     files = sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
     for path in files:
         _read_document(path, layer)
@@ -210,7 +218,9 @@ def _read_document(path: Path, layer: _Layer) -> None:
             raise HwdbError(path, f"unknown top-level key{did_you_mean(str(key), DOCUMENT_KEYS)}", key=str(key))
     if "date" in document:
         layer.dates[path] = _as_date(path, None, "date", document["date"])
-    for kind, bucket in (("gpus", layer.gpus), ("offers", layer.offers), ("sources", layer.sources)):
+    kinds = (("gpus", layer.gpus), ("offers", layer.offers), ("sources", layer.sources),
+             ("memory_overheads", layer.memory_overheads))
+    for kind, bucket in kinds:
         entries = document.get(kind)
         if entries is None:
             continue
@@ -335,6 +345,29 @@ def _build_source(path: Path, label: str, raw: dict[str, Any]) -> Source:
     return Source(source_id, grade, _as_str(path, label, "title", raw["title"]), url)
 
 
+def _check_sources(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> tuple[str, ...]:
+    sources = raw["sources"]
+    if not isinstance(sources, list) or not sources:
+        raise HwdbError(path, "must be a non-empty list of source ids", entry=label, key="sources")
+    for source_id in sources:
+        if source_id not in source_ids:
+            hint = did_you_mean(str(source_id), source_ids)
+            raise HwdbError(path, f"unknown source '{source_id}'{hint}", entry=label, key="sources")
+    return tuple(str(s) for s in sources)
+
+
+def _build_overhead(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> MemoryOverhead:
+    _check_keys(path, label, raw, OVERHEAD_REQUIRED, OVERHEAD_OPTIONAL)
+    return MemoryOverhead(
+        architecture=_as_str(path, label, "id", raw["id"]),
+        cuda_context_bytes=int(_as_number(path, label, "cuda_context_mib", raw["cuda_context_mib"]) * units.MIB),
+        cublas_workspace_bytes=int(
+            _as_number(path, label, "cublas_workspace_mib", raw["cublas_workspace_mib"]) * units.MIB),
+        sources=_check_sources(path, label, raw, source_ids),
+        notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
+    )
+
+
 def _build_peaks(path: Path, label: str, raw: Any) -> PeakThroughput:
     if not isinstance(raw, dict) or not raw:
         raise HwdbError(path, "must map math modes to TFLOP/s, e.g. {fp32: 35.6}", entry=label, key="peak_tflops")
@@ -363,13 +396,7 @@ def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]
     gpu_id = _as_str(path, label, "id", raw["id"])
     if not ID_PATTERN.match(gpu_id):
         raise HwdbError(path, "ids use lowercase letters, digits and '-' (e.g. rtx-3090)", entry=label, key="id")
-    sources = raw["sources"]
-    if not isinstance(sources, list) or not sources:
-        raise HwdbError(path, "must be a non-empty list of source ids", entry=label, key="sources")
-    for source_id in sources:
-        if source_id not in source_ids:
-            hint = did_you_mean(str(source_id), source_ids)
-            raise HwdbError(path, f"unknown source '{source_id}'{hint}", entry=label, key="sources")
+    sources = _check_sources(path, label, raw, source_ids)
     figures = _figure_names(raw)
     derived = raw.get("derived") or {}
     if not isinstance(derived, dict):
@@ -427,7 +454,7 @@ def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]
         street_price_usd=_optional(raw, "street_price_usd", lambda v: _as_number(path, label, "street_price_usd", v)),
         street_price_date=_street_price_date(path, label, raw),
         peaks=_build_peaks(path, label, raw["peak_tflops"]),
-        sources=tuple(sources),
+        sources=sources,
         derived=tuple((str(k), str(v)) for k, v in derived.items()),
         unverified=tuple(str(f) for f in unverified),
         aliases=tuple(aliases),

@@ -211,6 +211,21 @@ class CostDefaults:
 
 
 @dataclass(frozen=True)
+class MemoryOverhead:
+    """Device memory a training process needs beyond its tensors on one GPU architecture, bytes:
+    the CUDA context (outside torch's allocator) and the cuBLAS workspace (inside it)."""
+
+    architecture: str
+    cuda_context_bytes: int
+    cublas_workspace_bytes: int
+    sources: tuple[str, ...]
+    notes: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class HardwareDB:
     """The whole database, loaded once. Look-ups raise UserError with suggestions."""
 
@@ -220,6 +235,7 @@ class HardwareDB:
     defaults: CostDefaults
     overrides: tuple[Override, ...] = ()
     directories: tuple[str, ...] = ()
+    memory_overheads: tuple[MemoryOverhead, ...] = ()
     _by_id: dict[str, GPUSpec] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -228,6 +244,13 @@ class HardwareDB:
 
     def ids(self) -> list[str]:
         return [gpu.id for gpu in self.gpus]
+
+    def memory_overhead(self, gpu: GPUSpec) -> MemoryOverhead:
+        """The memory overhead of `gpu`'s architecture, or the `default` entry."""
+        by_architecture = {o.architecture: o for o in self.memory_overheads}
+        found = by_architecture.get(gpu.architecture or "") or by_architecture.get("default")
+        assert found is not None, "the database has no 'default' memory overhead (hwdb/memory-overhead.yaml)"
+        return found
 
     def has(self, gpu_id: str) -> bool:
         return gpu_id in self._by_id

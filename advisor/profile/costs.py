@@ -206,6 +206,18 @@ def reduction_flops(args: tuple, named: dict, out: Any) -> float:
     return float(args[0].numel())
 
 
+@register(aten._amp_foreach_non_finite_check_and_unscale_)
+def amp_unscale_flops(args: tuple, named: dict, out: Any) -> float:
+    """GradScaler's unscale: per gradient element a multiply by 1/scale and a finiteness check."""
+    return 2.0 * sum(t.numel() for t in args[0])
+
+
+@register(aten._amp_update_scale_)
+def amp_update_scale_flops(args: tuple, named: dict, out: Any) -> float:
+    """GradScaler's scale update: a handful of scalar operations (counted as 4)."""
+    return 4.0
+
+
 # ----------------------------------------------------------------------------- classification
 
 
@@ -272,11 +284,11 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     elif torch.Tag.pointwise in func.tags:
         flops = float(max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0))
     elif packet.__name__.startswith("_foreach_"):
-        if packet.__name__.endswith("_"):  # in place: returns nothing, writes its first list
-            written = _tensor_bytes(args[0])
         flops = _foreach_flops(args, outputs)
     else:
         counted = False
+    if not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
+        written = _tensor_bytes(tree_flatten(args[0])[0])
     return OpCost(flops, read, written, matmul, counted, dtypes)
 
 

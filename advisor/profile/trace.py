@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -33,10 +34,12 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
 from advisor.profile.costs import op_cost
+from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.user_code import user_code
 
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw") + (("adafactor",) if hasattr(torch.optim, "Adafactor") else ())
+"""Adafactor (torch >= 2.5) is the memory-light choice torch offers: factored second moments, no first."""
 PHASES = ("forward", "backward", "optimizer")
 
 OUTSIDE_MODEL = {"loss": "(loss)", "optimizer": "(optimizer)"}
@@ -46,6 +49,10 @@ DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeExcepti
 """What fake tensors raise when an op needs the values of its inputs."""
 
 MAX_REAL_ELEMENTS = 1 << 24
+GRAD_SCALER_INIT_SCALE = 2.0**16
+"""torch.amp.GradScaler's default initial scale (amp-fp16 runs scale the loss by it)."""
+
+SCALAR_ITEM = "_local_scalar_dense"
 """Largest tensor (elements) computed for real beside its fake twin in the real-inputs fallback."""
 
 
@@ -82,6 +89,12 @@ class StepTrace:
     """Ops answered from real values in the fallback, op name -> calls."""
     params_by_module: dict[str, int] = field(default_factory=dict, repr=False)
     """Trainable parameters of each module, submodules included ("" is the model)."""
+    memory: LiveMemory | None = field(default=None, repr=False)
+    """Every storage of the step with its allocation and free (live_memory.py)."""
+    checkpointed: tuple[str, ...] = ()
+    """Modules run under activation checkpointing (their activations are recomputed in backward)."""
+    accumulate_gradients: bool = False
+    """Gradients of earlier micro-batches were alive through the step (gradient accumulation)."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -118,6 +131,9 @@ class StepTrace:
             "flops": {phase: self.flops(phase) for phase in PHASES} | {"total": self.flops()},
             "bytes": {phase: self.bytes_moved(phase) for phase in PHASES} | {"total": self.bytes_moved()},
             "uncounted_ops": self.uncounted(),
+            "checkpointed": list(self.checkpointed),
+            "accumulate_gradients": self.accumulate_gradients,
+            "memory": None if self.memory is None else self.memory.to_dict(),
             "ops": [r.to_dict() for r in self.records],
         }
 
@@ -132,11 +148,13 @@ class _Recorder(TorchDispatchMode):
     With `fake_mode` given (the real-inputs fallback), tensors computed from inputs alone keep a
     real twin, and an op that needs values is answered from the twins."""
 
-    def __init__(self, tracker: ModuleTracker, fake_mode: FakeTensorMode | None = None) -> None:
+    def __init__(self, tracker: ModuleTracker, memory: LiveMemoryTracker,
+                 fake_mode: FakeTensorMode | None = None) -> None:
         super().__init__()
         self.tracker = tracker
+        self.memory = memory
         self.phase = "forward"
-        self.recording = True
+        self.recording = False
         self.records: list[OpRecord] = []
         self.fake_mode = fake_mode
         self.real: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
@@ -153,17 +171,20 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.recording:
-            return func(*args, **kwargs)
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
+            if self.phase == "optimizer" and func.overloadpacket.__name__ == SCALAR_ITEM:
+                return _stand_in_scalar(args[0])
             real_arguments = None if self.fake_mode is None else self._real_arguments(args, kwargs)
             if real_arguments is None:
                 raise
             out = self._answer_from_real_values(func, real_arguments)
+            self.memory.observe(out, func.overloadpacket.__name__)
         else:
             self._keep_real_twin(func, args, kwargs, out)
+        if not self.recording:
+            return out
         try:
             cost = op_cost(func, args, kwargs, out)
         except Exception as exc:
@@ -225,6 +246,14 @@ class _Recorder(TorchDispatchMode):
         return tree_map(to_fake, real_out)
 
 
+def _stand_in_scalar(tensor: torch.Tensor) -> bool | int | float:
+    """What `.item()` returns inside an optimizer step on fake tensors (Adafactor reads norms this
+    way): any value gives the same ops and shapes, so 1 of the tensor's kind."""
+    if tensor.dtype == torch.bool:
+        return True
+    return 1.0 if tensor.is_floating_point() else 1
+
+
 def default_loss(output: Any, inputs: Any) -> torch.Tensor:
     """A scalar reduction of the output(s): the mean of every floating-point output tensor, summed."""
     tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -244,6 +273,8 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
         return torch.optim.Adam(params, foreach=True)
     if name == "adamw":
         return torch.optim.AdamW(params, foreach=True)
+    if name == "adafactor" and name in OPTIMIZERS:
+        return torch.optim.Adafactor(params, foreach=True)
     raise UserError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
 
 
@@ -285,6 +316,19 @@ def fake_tensor_log_silenced() -> Iterator[None]:
         logger.setLevel(previous)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    build_model: Callable[[], torch.nn.Module]
+    example_input: Callable[[int], Any]
+    batch_size: int
+    precision: str
+    optimizer: str
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    source: str | None
+    checkpointing: bool
+    accumulate_gradients: bool
+
+
 def trace_training_step(
     build_model: Callable[[], torch.nn.Module],
     example_input: Callable[[int], Any],
@@ -293,27 +337,33 @@ def trace_training_step(
     optimizer: str = "adamw",
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     source: str | None = None,
+    *,
+    checkpointing: bool = False,
+    accumulate_gradients: bool = False,
 ) -> StepTrace:
-    """Build the model on fake tensors and trace one full training step. The optimizer phase is a
-    steady-state step: its first step, which creates the state, runs unrecorded before it.
+    """Build the model on fake tensors and trace one steady-state training step: the optimizer's
+    state already exists (a first, unrecorded step creates it), gradients were set to None by the
+    last step (or, with `accumulate_gradients`, hold earlier micro-batches' sums).
 
-    `source` names the model file in error messages. Models whose control flow reads input values
-    are traced a second time with real inputs (see the module docstring)."""
+    `checkpointing` runs the model's repeated blocks under activation checkpointing
+    (`checkpoint_blocks`). `source` names the model file in error messages. Models whose control
+    flow reads input values are traced a second time with real inputs (see the module docstring)."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
     if optimizer not in OPTIMIZERS:
         raise UserError(f"unknown optimizer '{optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
     if batch_size < 1:
         raise UserError(f"batch size must be at least 1, got {batch_size}")
-    settings = (build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source)
+    setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
+                   checkpointing, accumulate_gradients)
     try:
         with fake_tensor_log_silenced():
-            return _trace(*settings, real_inputs=False)
+            return _trace(setup, real_inputs=False)
     except DATA_DEPENDENT_ERRORS:
         pass
     try:
         with fake_tensor_log_silenced():
-            return _trace(*settings, real_inputs=True)
+            return _trace(setup, real_inputs=True)
     except DATA_DEPENDENT_ERRORS as exc:
         op = getattr(exc, "func", None)
         raise UserError(
@@ -323,60 +373,158 @@ def trace_training_step(
         ) from exc
 
 
-def _trace(
-    build_model: Callable[[], torch.nn.Module],
-    example_input: Callable[[int], Any],
-    batch_size: int,
-    precision: str,
-    optimizer: str,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    source: str | None,
-    real_inputs: bool,
-) -> StepTrace:
+def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
+    source, batch_size = setup.source, setup.batch_size
     if real_inputs:  # real tensors, made before fake mode starts; their fake twins are made on use
         with user_code(f"example_input({batch_size})", source):
-            inputs = example_input(batch_size)
-    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+            inputs = setup.example_input(batch_size)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode, LiveMemoryTracker() as memory:
         with user_code("build_model()", source):
-            model = build_model()
+            model = setup.build_model()
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"{source or 'the model file'}: build_model() returned {type(model).__name__}, "
                             "not a torch.nn.Module")
         if not real_inputs:
             with user_code(f"example_input({batch_size})", source):
-                inputs = example_input(batch_size)
+                inputs = setup.example_input(batch_size)
         _check_inputs(inputs, batch_size, source)
-        if precision in ("bf16", "fp16"):
-            dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        if setup.precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float16
             _convert_floating_point(model, dtype)
             inputs = _cast_inputs(inputs, dtype)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise UserError(f"{source or 'the model'} has no trainable parameters")
-        opt = make_optimizer(optimizer, params)
+        checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
+        opt = make_optimizer(setup.optimizer, params)
+        scaler = _GradScalerOps() if setup.precision == "amp-fp16" else None
         tracker = ModuleTracker()
-        recorder = _Recorder(tracker, fake_mode if real_inputs else None)
-        autocast_dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
+        recorder = _Recorder(tracker, memory, fake_mode if real_inputs else None)
         with tracker, recorder:
-            with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-                with user_code(f"the model's forward on example_input({batch_size})", source, DATA_DEPENDENT_ERRORS):
-                    output = call_model(model, inputs)
-                with user_code("loss_fn(output, inputs)", source, DATA_DEPENDENT_ERRORS):
-                    loss = loss_fn(output, inputs)
-            _check_loss(loss, source)
+            recorder.phase = "optimizer"
+            _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients)
+            _label_step_state(memory, model, opt, inputs, params, setup.accumulate_gradients)
+            memory.open_step("forward")
+            recorder.phase, recorder.recording = "forward", True
+            loss = _forward(model, inputs, setup)
+            memory.start_phase("backward")
             recorder.phase = "backward"
             with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
-                loss.backward()
+                (loss if scaler is None else scaler.scale(loss)).backward()
+            memory.label([p.grad for p in params if p.grad is not None], "gradients")
+            memory.start_phase("optimizer")
             recorder.phase = "optimizer"
-            recorder.recording = False
-            opt.step()  # the first step creates the optimizer's state (zeros, copies): not a steady step
-            recorder.recording = True
+            if scaler is not None:
+                scaler.unscale(params)
             opt.step()
-            opt.zero_grad(set_to_none=True)
-    return StepTrace(batch_size, precision, optimizer, sum(p.numel() for p in params), tuple(recorder.records),
-                     "fake+real-inputs" if real_inputs else "fake", dict(recorder.data_dependent),
-                     _params_by_module(model))
+            if scaler is not None:
+                scaler.update()
+            if not setup.accumulate_gradients:
+                opt.zero_grad(set_to_none=True)
+            del loss
+            live_memory = memory.close_step()
+    return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
+                     tuple(recorder.records), "fake+real-inputs" if real_inputs else "fake",
+                     dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
+                     setup.accumulate_gradients)
+
+
+def _forward(model: torch.nn.Module, inputs: Any, setup: _Setup) -> torch.Tensor:
+    """The model's forward and the loss, under autocast for the amp precisions."""
+    autocast_dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(setup.precision)
+    batch_size, source = setup.batch_size, setup.source
+    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        with user_code(f"the model's forward on example_input({batch_size})", source, DATA_DEPENDENT_ERRORS):
+            output = call_model(model, inputs)
+        with user_code("loss_fn(output, inputs)", source, DATA_DEPENDENT_ERRORS):
+            loss = setup.loss_fn(output, inputs)
+    _check_loss(loss, source)
+    return loss
+
+
+def _create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                            keep_gradients: bool) -> None:
+    """One step on zero gradients: the optimizer creates its state (zeros, copies), as the first
+    real step does. Gradients are then set to None, as `zero_grad()` leaves them between steps,
+    unless earlier micro-batches' gradients are to be kept (gradient accumulation)."""
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    opt.step()
+    if not keep_gradients:
+        opt.zero_grad(set_to_none=True)
+
+
+def _label_step_state(memory: LiveMemoryTracker, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                      inputs: Any, params: list[torch.nn.Parameter], keep_gradients: bool) -> None:
+    """Tell the memory tracker the role of what exists when the step starts."""
+    memory.label(list(model.parameters()) + list(model.buffers()), "weights")
+    memory.label(list(opt.state.values()), "optimizer_state")
+    memory.label([inputs], "inputs")
+    if keep_gradients:
+        memory.label([p.grad for p in params], "gradients")
+
+
+class _GradScalerOps:
+    """The ops torch.amp.GradScaler runs in an amp-fp16 step: scale the loss, unscale the gradients
+    and check them for inf/NaN in one foreach kernel, update the scale. (GradScaler itself reads
+    `found_inf.item()`, which fake tensors cannot answer; the ops and memory are the same.)"""
+
+    def __init__(self) -> None:
+        self.scale_tensor = torch.full((), GRAD_SCALER_INIT_SCALE, dtype=torch.float32)
+        self.growth_tracker = torch.zeros((), dtype=torch.int32)
+        self.found_inf = torch.zeros(1, dtype=torch.float32)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale_tensor
+
+    def unscale(self, params: list[torch.nn.Parameter]) -> None:
+        inverse = self.scale_tensor.double().reciprocal().float()
+        grads = [p.grad for p in params if p.grad is not None]
+        for dtype in {g.dtype for g in grads}:
+            torch._amp_foreach_non_finite_check_and_unscale_([g for g in grads if g.dtype == dtype],
+                                                             self.found_inf, inverse)
+
+    def update(self) -> None:
+        torch._amp_update_scale_(self.scale_tensor, self.growth_tracker, self.found_inf, 2.0, 0.5, 2000)
+
+
+def checkpoint_blocks(model: torch.nn.Module, source: str | None = None) -> tuple[str, ...]:
+    """Run the model's repeated blocks under activation checkpointing, as Hugging Face's
+    `gradient_checkpointing_enable()` does per layer: every module that sits in a ModuleList or
+    Sequential beside another of its class and has parameters (the outermost such ones). Without
+    any, each top-level child with parameters. Returns the checkpointed modules' names."""
+    chosen = _repeated_blocks(model, "")
+    if not chosen:
+        chosen = [(name, child) for name, child in model.named_children() if any(child.parameters())]
+    if not chosen:
+        raise UserError(f"{source or 'the model'} has no submodule with parameters to checkpoint; "
+                        "drop --checkpointing")
+    for _, module in chosen:
+        _run_checkpointed(module)
+    return tuple(name for name, _ in chosen)
+
+
+def _repeated_blocks(module: torch.nn.Module, prefix: str) -> list[tuple[str, torch.nn.Module]]:
+    container = isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential))
+    classes = [type(child) for child in module.children()]
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, child in module.named_children():
+        path = f"{prefix}.{name}" if prefix else name
+        if container and classes.count(type(child)) > 1 and any(child.parameters()):
+            found.append((path, child))
+        else:
+            found.extend(_repeated_blocks(child, path))
+    return found
+
+
+def _run_checkpointed(module: torch.nn.Module) -> None:
+    forward = module.forward
+
+    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = checkpointed_forward
 
 
 def _params_by_module(model: torch.nn.Module) -> dict[str, int]:

@@ -1,0 +1,101 @@
+"""`advisor memory MODEL.py`: peak training memory on every GPU, its breakdown, whether it fits and
+the largest batch that does."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from advisor import units
+from advisor.cli.profile import add_model_arguments, positive_int, progress
+from advisor.cli.table import Column, render_table
+from advisor.hardware.specs import HardwareDB
+from advisor.memory.plan import MemoryPlan, MemorySettings, plan_memory
+from advisor.profile.model_file import load_model_file
+from advisor.profile.profiler import default_batch_size
+
+
+def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """--gpu, --checkpointing, --micro-batch, --cuda-context-mib: shared by memory and estimate."""
+    parser.add_argument("--gpu", action="append", default=[], metavar="ID",
+                        help="a GPU id from `advisor gpus` (repeatable; default: every GPU)")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="activation (gradient) checkpointing of the model's repeated blocks")
+    parser.add_argument("--micro-batch", type=positive_int, metavar="N",
+                        help="samples per forward/backward; the batch is reached by gradient accumulation")
+    parser.add_argument("--cuda-context-mib", type=float, metavar="MIB",
+                        help="CUDA context size instead of the database's (e.g. ~1300 for stacks without "
+                             "lazy loading, CUDA < 11.7)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "memory",
+        parents=parents,
+        help="peak training memory on every GPU, its breakdown and the largest batch that fits",
+        description="Trace MODEL's training step on fake tensors, follow every tensor's life, replay "
+                    "PyTorch's CUDA caching allocator and add each GPU's CUDA context and cuBLAS workspace.",
+    )
+    add_model_arguments(parser)
+    add_memory_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=run)
+
+
+def settings_from_arguments(args: argparse.Namespace, batch_size: int) -> MemorySettings:
+    context = None if args.cuda_context_mib is None else int(args.cuda_context_mib * units.MIB)
+    return MemorySettings(batch_size, args.precision, args.optimizer, args.checkpointing, args.micro_batch, context)
+
+
+def run(args: argparse.Namespace, db: HardwareDB) -> int:
+    gpus = [db.gpu(gpu_id) for gpu_id in args.gpu] or list(db.gpus)
+    model = load_model_file(args.model)
+    settings = settings_from_arguments(args, args.batch_size or default_batch_size(model))
+    plan = plan_memory(model, db, gpus, settings, progress=progress)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(render_memory(plan, db))
+    return 0
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / units.GIB:.2f}"
+
+
+def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
+    settings, step = plan.settings, plan.step
+    batch = f"batch {settings.batch_size}"
+    if settings.accumulate_gradients:
+        batch += f" as {settings.accumulation_steps} micro-batches of {settings.micro_batch} (gradient accumulation)"
+    options = f", activation checkpointing of {len(plan.checkpointed)} blocks" if settings.checkpointing else ""
+    parts = ", ".join(f"{key} {gib(value)}" for key, value in step.by_category.items() if value)
+    per_forward = "micro-batch" if settings.accumulate_gradients else "batch"
+    lines = [
+        f"Model: {plan.model_name}, {plan.params:,} trainable parameters; {batch}, {settings.precision}, "
+        f"{settings.optimizer}{options}",
+        f"Tensors at the peak ({step.peak_phase}): {gib(step.tensor_peak)} GiB = {parts}; "
+        f"caching allocator reserve {gib(step.reserved)} GiB (max_memory_reserved, before the cuBLAS workspace)",
+        f"Parameter-count formula (weights+grads+optimizer, no activations): {gib(plan.parameter_formula_bytes)} GiB",
+        "Per GPU: peak = CUDA context + cuBLAS workspace + the allocator's reserve (hwdb/memory-overhead.yaml); "
+        f"GiB = 2^30 bytes; Max batch: the largest {per_forward} that fits",
+        "",
+        _table(plan, db),
+    ]
+    return "\n".join(lines)
+
+
+def _table(plan: MemoryPlan, db: HardwareDB) -> str:
+    columns = [Column("ID"), Column("Name"), Column("Mem GiB", True), Column("Peak GiB", True), Column("Fits"),
+               Column("Weights", True), Column("Grads", True), Column("Optim", True), Column("Activ", True),
+               Column("Overhead", True), Column("Max batch", True)]
+    rows = []
+    ordered = sorted(plan.results, key=lambda r: (r.capacity_bytes, r.gpu_id))
+    for result in ordered:
+        fits = "yes" if result.fits else f"no, {gib(result.missing_bytes)} short"
+        memory = result.memory
+        rows.append([result.gpu_id, db.gpu(result.gpu_id).name, gib(result.capacity_bytes), gib(result.peak_bytes),
+                     fits, gib(memory["weights"]), gib(memory["gradients"]), gib(memory["optimizer"]),
+                     gib(memory["activations"]), gib(memory["overhead"]),
+                     "-" if result.max_batch_size is None else f"{result.max_batch_size:,}"])
+    return render_table(columns, rows)

@@ -1,0 +1,160 @@
+"""A replay of PyTorch's CUDA caching allocator over a traced step's allocations and frees.
+
+`torch.cuda.max_memory_allocated` counts the allocator's blocks (requests rounded up to 512 bytes,
+plus remainders too small to split off); `max_memory_reserved` counts the segments it got from
+cudaMalloc, which it keeps cached. Their difference is fragmentation. The rules replayed here are
+those of c10/cuda/CUDACachingAllocator.cpp with default settings (no expandable segments, no
+max_split_size): two pools (requests up to 1 MiB, and larger), best fit by size then address,
+segment sizes of 2 MiB for small requests, 20 MiB for requests under 10 MiB, else the request rounded
+to 2 MiB; blocks split when the remainder is at least 512 bytes (small pool) or above 1 MiB (large),
+and merge with free neighbours when freed. Segments are never returned to the driver.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from advisor.profile.live_memory import LiveMemory
+
+MIB = 1 << 20
+MIN_BLOCK = 512
+SMALL_REQUEST = 1 * MIB
+SMALL_SEGMENT = 2 * MIB
+LARGE_SEGMENT = 20 * MIB
+MIN_LARGE_ALLOC = 10 * MIB
+ROUND_LARGE = 2 * MIB
+
+
+def round_request(nbytes: int) -> int:
+    """A request's size as the allocator rounds it: a multiple of 512 bytes, at least 512."""
+    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+
+
+def segment_size(request: int) -> int:
+    """Bytes of the segment cudaMalloc'ed when no cached block fits a rounded `request`."""
+    if request <= SMALL_REQUEST:
+        return SMALL_SEGMENT
+    if request < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return -(-request // ROUND_LARGE) * ROUND_LARGE
+
+
+class _Block:
+    __slots__ = ("size", "address", "small", "free", "previous", "next")
+
+    def __init__(self, size: int, address: int, small: bool) -> None:
+        self.size, self.address, self.small, self.free = size, address, small, True
+        self.previous: _Block | None = None
+        self.next: _Block | None = None
+
+
+@dataclass(frozen=True)
+class AllocatorPeaks:
+    """Peaks of a replay, bytes: blocks in use (max_memory_allocated) and segments held
+    (max_memory_reserved); `segments` is how many segments were created."""
+
+    allocated: int
+    reserved: int
+    segments: int
+
+
+class CachingAllocator:
+    """The caching allocator's bookkeeping, without memory."""
+
+    def __init__(self) -> None:
+        self._pools: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, address)
+        self._blocks: dict[int, _Block] = {}  # free blocks by address
+        self._next_address = 0
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = self.segments = 0
+
+    def malloc(self, nbytes: int) -> _Block | None:
+        """Allocate `nbytes`; None for an empty request (CUDA returns no block for it)."""
+        if nbytes == 0:
+            return None
+        size = round_request(nbytes)
+        small = size <= SMALL_REQUEST
+        block = self._take_best_fit(size, small) or self._new_segment(size, small)
+        remaining = block.size - size
+        if remaining >= MIN_BLOCK if small else remaining > SMALL_REQUEST:
+            rest = _Block(remaining, block.address + size, small)
+            rest.previous, rest.next = block, block.next
+            if block.next is not None:
+                block.next.previous = rest
+            block.next, block.size = rest, size
+            self._put_free(rest)
+        block.free = False
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def free(self, block: _Block | None) -> None:
+        if block is None:
+            return
+        assert not block.free, "block freed twice"
+        self.allocated -= block.size
+        block.free = True
+        for neighbour in (block.previous, block.next):
+            if neighbour is not None and neighbour.free:
+                self._remove_free(neighbour)
+                block = self._merge(block, neighbour)
+        self._put_free(block)
+
+    def peaks(self) -> AllocatorPeaks:
+        return AllocatorPeaks(self.peak_allocated, self.peak_reserved, self.segments)
+
+    def _take_best_fit(self, size: int, small: bool) -> _Block | None:
+        pool = self._pools[small]
+        position = bisect.bisect_left(pool, (size, -1))
+        if position == len(pool):
+            return None
+        _, address = pool.pop(position)
+        return self._blocks.pop(address)
+
+    def _new_segment(self, size: int, small: bool) -> _Block:
+        nbytes = segment_size(size)
+        block = _Block(nbytes, self._next_address, small)
+        self._next_address += nbytes
+        self.reserved += nbytes
+        self.segments += 1
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return block
+
+    def _put_free(self, block: _Block) -> None:
+        bisect.insort(self._pools[block.small], (block.size, block.address))
+        self._blocks[block.address] = block
+
+    def _remove_free(self, block: _Block) -> None:
+        pool = self._pools[block.small]
+        del pool[bisect.bisect_left(pool, (block.size, block.address))]
+        del self._blocks[block.address]
+
+    @staticmethod
+    def _merge(block: _Block, neighbour: _Block) -> _Block:
+        first, second = (block, neighbour) if block.address < neighbour.address else (neighbour, block)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.previous = first
+        return first
+
+
+def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
+    """Replay the step's allocations and frees `steps` times in a row, as a training loop runs them:
+    what the step allocated and still held at its end is freed before the next one (the next step
+    replaces it). Storages alive before the step are allocated first, in creation order."""
+    allocator = CachingAllocator()
+    blocks: dict[int, _Block | None] = {}
+    in_step = [s.allocated_at >= 0 for s in memory.storages]
+    for step in range(steps):
+        for event in memory.events:
+            index = event if event >= 0 else ~event
+            if step > 0 and not in_step[index]:
+                continue  # alive before the step: allocated once
+            if event >= 0:
+                blocks[index] = allocator.malloc(memory.storages[index].nbytes)
+            else:
+                allocator.free(blocks.pop(index))
+        for index in [i for i in blocks if in_step[i]]:
+            allocator.free(blocks.pop(index))
+    return allocator.peaks()

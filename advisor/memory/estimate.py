@@ -1,0 +1,188 @@
+"""Peak training memory on a device, its breakdown, whether it fits and the largest batch that does.
+
+From a traced step (advisor.profile.trace) the live storages give the tensors' peak and what is
+live at it; a replay of the CUDA caching allocator (allocator.py) adds its rounding and
+fragmentation; the device's architecture adds the CUDA context and the cuBLAS workspace
+(hwdb/memory-overhead.yaml). Memory grows linearly with the batch within each phase of the step
+(forward, backward, optimizer), so two traces, at the batch and at twice it, give every phase's
+line, and the largest batch that fits a device follows without tracing each batch size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from advisor.hardware.specs import GPUSpec, MemoryOverhead
+from advisor.memory.allocator import MIN_BLOCK, replay
+from advisor.profile.live_memory import CATEGORIES
+from advisor.profile.trace import StepTrace
+
+BREAKDOWN_KEYS = ("weights", "gradients", "optimizer", "activations", "overhead")
+"""The `memory` object of `advisor estimate --json` (PRODUCT.md); its values sum to the peak."""
+
+BREAKDOWN_OF_CATEGORY = {
+    "weights": "weights",
+    "weight_copies": "weights",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer",
+    "optimizer_temporaries": "optimizer",
+    "inputs": "activations",
+    "activations": "activations",
+    "backward_temporaries": "activations",
+}
+assert set(BREAKDOWN_OF_CATEGORY) == set(CATEGORIES)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Device-independent memory of one traced step under torch's CUDA caching allocator, bytes.
+
+    `tensor_peak` is the highest sum of live tensors (each rounded to the allocator's 512 bytes),
+    `by_category` what was live then; `allocated`/`reserved` are the replayed allocator's peaks
+    (what max_memory_allocated/max_memory_reserved report, without the cuBLAS workspace)."""
+
+    batch_size: int
+    tensor_peak: int
+    peak_phase: str
+    by_category: dict[str, int]
+    phase_peaks: dict[str, int]
+    allocated: int
+    reserved: int
+
+    @classmethod
+    def of_trace(cls, trace: StepTrace) -> StepMemory:
+        assert trace.memory is not None, "the trace recorded no memory"
+        peak = trace.memory.peak(MIN_BLOCK)
+        phase_peaks = {phase: p.bytes for phase, p in trace.memory.phase_peaks(MIN_BLOCK).items()}
+        allocator = replay(trace.memory)
+        return cls(trace.batch_size, peak.bytes, peak.phase, dict(peak.by_category), phase_peaks,
+                   allocator.allocated, allocator.reserved)
+
+    @property
+    def fragmentation(self) -> int:
+        """Bytes the allocator holds beyond the tensors' peak (rounding remainders, cached blocks)."""
+        return self.reserved - self.tensor_peak
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"fragmentation": self.fragmentation}
+
+
+@dataclass(frozen=True)
+class BatchMemoryModel:
+    """Peak memory against batch size: each phase's tensor peak is a line through two traced
+    batches, the step's peak the highest of them; fragmentation is a line too."""
+
+    first: StepMemory
+    second: StepMemory
+
+    def __post_init__(self) -> None:
+        assert self.first.batch_size < self.second.batch_size, "two different batch sizes, smaller first"
+
+    def _line(self, at_first: float, at_second: float) -> tuple[float, float]:
+        """(intercept, slope per sample) of the line through both traced batches."""
+        slope = (at_second - at_first) / (self.second.batch_size - self.first.batch_size)
+        return at_first - slope * self.first.batch_size, slope
+
+    def lines(self) -> dict[str, tuple[float, float]]:
+        """Per phase, and for fragmentation: (intercept bytes, bytes per sample)."""
+        lines = {phase: self._line(self.first.phase_peaks[phase], self.second.phase_peaks[phase])
+                 for phase in self.first.phase_peaks}
+        lines["fragmentation"] = self._line(max(self.first.fragmentation, 0), max(self.second.fragmentation, 0))
+        return lines
+
+    def reserved_at(self, batch_size: int) -> float:
+        """Predicted allocator reserve (bytes) at `batch_size`."""
+        lines = self.lines()
+        intercept, slope = lines.pop("fragmentation")
+        tensors = max(a + b * batch_size for a, b in lines.values())
+        return tensors + max(intercept + slope * batch_size, 0.0)
+
+    def max_batch_size(self, budget_bytes: float) -> int | None:
+        """The largest batch whose reserve fits in `budget_bytes`: 0 when not even one sample fits,
+        None when memory does not grow with the batch."""
+        lines = self.lines()
+        frag_intercept, frag_slope = lines.pop("fragmentation")
+        frag_slope = max(frag_slope, 0.0)
+        limits = []
+        for intercept, slope in lines.values():
+            total_slope = slope + frag_slope
+            if total_slope <= 0:
+                continue
+            limits.append(math.floor((budget_bytes - intercept - max(frag_intercept, 0.0)) / total_slope))
+        if not limits:
+            return None
+        best = max(min(limits), 0)
+        while best > 0 and self.reserved_at(best) > budget_bytes:  # the clamp of fragmentation at 0
+            best -= 1
+        return best
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Training memory of the model on one device, bytes. `peak_bytes` is what the device must hold
+    (CUDA context + the allocator's reserve, cuBLAS workspace included) and `memory` splits it into
+    PRODUCT.md's five parts; `detail` splits it finer."""
+
+    gpu_id: str
+    capacity_bytes: int
+    peak_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    memory: dict[str, int]
+    detail: dict[str, int]
+    fits: bool
+    missing_bytes: int
+    max_batch_size: int | None
+    overhead_sources: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def device_memory(
+    step: StepMemory,
+    gpu: GPUSpec,
+    overhead: MemoryOverhead,
+    batch_model: BatchMemoryModel | None = None,
+    cuda_context_bytes: int | None = None,
+) -> DeviceMemory:
+    """Memory of the traced step on `gpu`. `cuda_context_bytes` overrides the architecture's figure
+    (an eager-loading stack, or one measured on the user's machine)."""
+    context = overhead.cuda_context_bytes if cuda_context_bytes is None else cuda_context_bytes
+    workspace = overhead.cublas_workspace_bytes
+    detail = {category: step.by_category.get(category, 0) for category in CATEGORIES}
+    detail |= {"allocator_reserve": step.fragmentation, "cublas_workspace": workspace, "cuda_context": context}
+    memory = dict.fromkeys(BREAKDOWN_KEYS, 0)
+    for category, key in BREAKDOWN_OF_CATEGORY.items():
+        memory[key] += detail[category]
+    memory["overhead"] = step.fragmentation + workspace + context
+    peak = sum(memory.values())
+    assert peak == context + workspace + step.reserved, "the breakdown must add up to the peak"
+    max_batch = None if batch_model is None else batch_model.max_batch_size(gpu.memory_bytes - context - workspace)
+    return DeviceMemory(
+        gpu_id=gpu.id,
+        capacity_bytes=gpu.memory_bytes,
+        peak_bytes=peak,
+        allocated_bytes=step.allocated + workspace,
+        reserved_bytes=step.reserved + workspace,
+        memory=memory,
+        detail=detail,
+        fits=peak <= gpu.memory_bytes,
+        missing_bytes=max(peak - gpu.memory_bytes, 0),
+        max_batch_size=max_batch,
+        overhead_sources=overhead.sources,
+    )
+
+
+def parameter_formula_bytes(params: int, precision: str, optimizer: str) -> int:
+    """The parameter-count baseline (as `accelerate estimate-memory` and DeepSpeed's estimators
+    compute it): weights + gradients + optimizer state per parameter, no activations, no overhead.
+    fp32: 4 + 4 + state; amp: + a 2-byte low-precision copy; pure bf16/fp16: 2 + 2 + state at 2.
+    State per parameter: Adam(W) 2 values, momentum 1, SGD and Adafactor (factored) ~0."""
+    state_values = {"adam": 2, "adamw": 2, "momentum": 1}.get(optimizer, 0)
+    if precision in ("bf16", "fp16"):
+        return params * (2 + 2 + 2 * state_values)
+    copy = 2 if precision.startswith("amp") else 0
+    return params * (4 + 4 + copy + 4 * state_values)

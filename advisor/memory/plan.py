@@ -1,0 +1,109 @@
+"""Memory of a model file's training step on many devices: trace twice, then one result per device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from advisor.errors import UserError
+from advisor.hardware.specs import GPUSpec, HardwareDB
+from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
+from advisor.profile.model_file import ModelFile
+from advisor.profile.trace import StepTrace, trace_training_step
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """How the step is run. `micro_batch` < `batch_size` means gradient accumulation over
+    ceil(batch_size / micro_batch) micro-batches; `cuda_context_bytes` overrides the database's
+    context figure."""
+
+    batch_size: int
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    checkpointing: bool = False
+    micro_batch: int | None = None
+    cuda_context_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.micro_batch is not None and self.micro_batch > self.batch_size:
+            raise UserError(f"--micro-batch {self.micro_batch} is larger than the batch size {self.batch_size}; "
+                            "a micro-batch is a part of the batch")
+
+    @property
+    def traced_batch(self) -> int:
+        """Samples in one forward/backward: the micro-batch when accumulating, else the batch."""
+        return self.micro_batch or self.batch_size
+
+    @property
+    def accumulate_gradients(self) -> bool:
+        return self.traced_batch < self.batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        return -(-self.batch_size // self.traced_batch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"accumulation_steps": self.accumulation_steps}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Training memory of one model on every requested device."""
+
+    model_name: str
+    params: int
+    settings: MemorySettings
+    step: StepMemory
+    batch_model: BatchMemoryModel
+    results: tuple[DeviceMemory, ...]
+    parameter_formula_bytes: int
+    checkpointed: tuple[str, ...] = ()
+    trace: StepTrace | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": {"name": self.model_name, "params": self.params},
+            "settings": self.settings.to_dict(),
+            "step": self.step.to_dict(),
+            "batch_lines": {name: {"intercept_bytes": a, "bytes_per_sample": b}
+                            for name, (a, b) in self.batch_model.lines().items()},
+            "checkpointed": list(self.checkpointed),
+            "parameter_formula_bytes": self.parameter_formula_bytes,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int) -> StepTrace:
+    """One traced step of `model` at `batch_size` samples per forward, with the settings' options."""
+    return trace_training_step(model.build_model, model.example_input, batch_size, settings.precision,
+                               settings.optimizer, model.loss_fn, model.source,
+                               checkpointing=settings.checkpointing,
+                               accumulate_gradients=settings.accumulate_gradients)
+
+
+def plan_memory(
+    model: ModelFile,
+    db: HardwareDB,
+    gpus: Sequence[GPUSpec],
+    settings: MemorySettings,
+    trace: StepTrace | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> MemoryPlan:
+    """Trace the step at the settings' batch (or reuse `trace`) and at twice it, then the memory
+    on each of `gpus`."""
+    batch = settings.traced_batch
+    if trace is None:
+        progress(f"tracing a training step of {model.source} at batch {batch}")
+        trace = trace_for_memory(model, settings, batch)
+    assert trace.batch_size == batch, "the trace must be of the settings' batch"
+    progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
+    second = trace_for_memory(model, settings, 2 * batch)
+    step = StepMemory.of_trace(trace)
+    batch_model = BatchMemoryModel(step, StepMemory.of_trace(second))
+    results = tuple(device_memory(step, gpu, db.memory_overhead(gpu), batch_model, settings.cuda_context_bytes)
+                    for gpu in gpus)
+    return MemoryPlan(model.name, trace.params, settings, step, batch_model, results,
+                      parameter_formula_bytes(trace.params, settings.precision, settings.optimizer),
+                      trace.checkpointed, trace)

@@ -1,0 +1,289 @@
+"""Live memory of a traced training step: every tensor storage, when it is allocated and freed.
+
+A TorchDispatchMode sees the output of every aten op. Each new storage gets an id, its size and the
+op count (the "tick") at which it appeared; a weak-reference finalizer records the tick at which it
+died. Fake tensors die exactly when the real ones would (Python reference counting, autograd's saved
+tensors), so the sequence of allocations and frees is the one an eager run makes, without any real
+memory. Peaks, the breakdown at the peak and the allocator simulation (advisor.memory.allocator) are
+computed afterwards from that sequence.
+
+Categories of a storage (CATEGORIES): labelled by role when the trace knows it (parameters and
+buffers are weights, `.grad` tensors gradients, optimizer state, inputs), else by the phase that
+allocated it (forward: activations and their temporaries; backward and optimizer: temporaries).
+Autocast's low-precision copies of weights are `weight_copies`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+CATEGORIES = (
+    "weights",
+    "weight_copies",
+    "gradients",
+    "optimizer_state",
+    "inputs",
+    "activations",
+    "backward_temporaries",
+    "optimizer_temporaries",
+)
+"""Roles of a storage, in the order breakdowns list them."""
+
+PHASE_CATEGORY = {"forward": "activations", "backward": "backward_temporaries", "optimizer": "optimizer_temporaries"}
+"""Category of an unlabelled storage by the phase that allocated it."""
+
+BEFORE_STEP = -1
+"""Tick of storages that exist when the step starts (weights, optimizer state, inputs)."""
+
+CAST_OPS = frozenset({"_to_copy", "to", "_to_copy.default"})
+
+
+@dataclass(frozen=True)
+class StorageLife:
+    """One storage: its size in bytes, the tick it was allocated (BEFORE_STEP if it existed when the
+    step started) and freed (None: still alive when the step ended), and its category."""
+
+    nbytes: int
+    allocated_at: int
+    freed_at: int | None
+    category: str
+    op: str
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """The highest live memory of a step (or of one phase): bytes, when, and by category."""
+
+    bytes: int
+    tick: int
+    phase: str
+    by_category: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "tick": self.tick, "phase": self.phase, "by_category": dict(self.by_category)}
+
+
+def round_up(nbytes: int, block: int) -> int:
+    """`nbytes` rounded up to a multiple of `block` bytes (an allocator's granularity)."""
+    return -(-nbytes // block) * block
+
+
+@dataclass(frozen=True)
+class LiveMemory:
+    """Allocations and frees of one training step, in the order they happened.
+
+    `events` lists storage indices: `i` is the allocation of `storages[i]`, `~i` (negative) its free.
+    Storages alive when the step started come first, as allocations, before tick 0."""
+
+    storages: tuple[StorageLife, ...] = field(repr=False)
+    events: tuple[int, ...] = field(repr=False)
+    event_ticks: tuple[int, ...] = field(repr=False)
+    phase_starts: dict[str, int]
+    """First tick of each phase; a phase runs until the next one starts."""
+    ticks: int
+
+    def phase_of(self, tick: int) -> str:
+        """The phase running at `tick` (the first phase for BEFORE_STEP)."""
+        return phase_at(self.phase_starts, tick)
+
+    def sizes(self, block: int = 1) -> list[int]:
+        """Each storage's size rounded up to the allocator's `block` bytes."""
+        return [round_up(s.nbytes, block) for s in self.storages]
+
+    def peak(self, block: int = 1, phase: str | None = None) -> MemoryPeak:
+        """The highest live bytes over the step (or within `phase`), sizes rounded to `block`."""
+        sizes = self.sizes(block)
+        live = 0
+        best = (-1, 0, BEFORE_STEP)  # (bytes, event position, tick)
+        for position, (event, tick) in enumerate(zip(self.events, self.event_ticks)):
+            live += sizes[event] if event >= 0 else -sizes[~event]
+            if event >= 0 and live > best[0] and (phase is None or self.phase_of(tick) == phase):
+                best = (live, position, tick)
+        if best[0] < 0:  # the phase allocated nothing: its peak is what it started with
+            start = self.phase_starts[phase] if phase is not None else 0
+            return self._peak_at_tick(sizes, start)
+        return MemoryPeak(best[0], best[2], self.phase_of(best[2]), self._breakdown(sizes, best[1]))
+
+    def phase_peaks(self, block: int = 1) -> dict[str, MemoryPeak]:
+        """The peak of each phase, phase -> MemoryPeak."""
+        return {phase: self.peak(block, phase) for phase in self.phase_starts}
+
+    def _peak_at_tick(self, sizes: list[int], tick: int) -> MemoryPeak:
+        position = max((i for i, t in enumerate(self.event_ticks) if t < tick), default=-1)
+        breakdown = self._breakdown(sizes, position)
+        return MemoryPeak(sum(breakdown.values()), tick, self.phase_of(tick), breakdown)
+
+    def _breakdown(self, sizes: list[int], position: int) -> dict[str, int]:
+        """Live bytes by category after event `position`."""
+        live: set[int] = set()
+        for event in self.events[: position + 1]:
+            if event >= 0:
+                live.add(event)
+            else:
+                live.discard(~event)
+        breakdown = dict.fromkeys(CATEGORIES, 0)
+        for index in live:
+            breakdown[self.storages[index].category] += sizes[index]
+        return breakdown
+
+    def timeline(self, block: int = 1) -> list[tuple[int, int]]:
+        """(tick, live bytes after the tick's last event) for every tick with an event."""
+        sizes = self.sizes(block)
+        points: dict[int, int] = {}
+        live = 0
+        for event, tick in zip(self.events, self.event_ticks):
+            live += sizes[event] if event >= 0 else -sizes[~event]
+            points[tick] = live
+        return sorted(points.items())
+
+    def total(self, category: str) -> int:
+        """Bytes of every storage of `category` that lived during the step."""
+        return sum(s.nbytes for s in self.storages if s.category == category)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak": self.peak().to_dict(),
+            "phase_peaks": {phase: peak.to_dict() for phase, peak in self.phase_peaks().items()},
+            "storages": len(self.storages),
+            "ticks": self.ticks,
+        }
+
+
+class LiveMemoryTracker(TorchDispatchMode):
+    """Records the life of every storage the ops under it create (see the module docstring).
+
+    The trace calls `label` for tensors whose role it knows, `start_phase` as the step moves on,
+    `open_step` when the recorded step begins and `close_step` when it ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ids: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._nbytes: list[int] = []
+        self._allocated: list[int] = []
+        self._freed: list[int | None] = []
+        self._category: list[str | None] = []
+        self._op: list[str] = []
+        self._events: list[tuple[int, int]] = []  # (tick, index or ~index)
+        self._finalizers: list[weakref.finalize] = []
+        self.phase = "forward"
+        self.phase_starts: dict[str, int] = {}
+        self.tick = BEFORE_STEP
+        self.state = "before"  # "before", "open", "closed"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.state == "open":
+            self.tick += 1
+        out = func(*args, **(kwargs or {}))
+        self.observe(out, func.overloadpacket.__name__, args)
+        return out
+
+    def observe(self, value: Any, op: str, args: Any = ()) -> None:
+        """Register the storages of the tensors in `value` that are new, as allocated by `op`."""
+        for tensor in _tensors(value):
+            storage = tensor.untyped_storage()
+            if storage in self._ids:
+                continue
+            category = "weight_copies" if op in CAST_OPS and self._casts_weight(args) else None
+            self._register(storage, op, category)
+
+    def _casts_weight(self, args: Any) -> bool:
+        sources = _tensors(args)
+        return bool(sources) and self.category_of(sources[0]) == "weights"
+
+    def _register(self, storage: torch.UntypedStorage, op: str, category: str | None) -> int:
+        index = len(self._nbytes)
+        self._ids[storage] = index
+        self._nbytes.append(storage.nbytes())
+        self._allocated.append(self.tick if self.state == "open" else BEFORE_STEP)
+        self._freed.append(None)
+        self._category.append(category)
+        self._op.append(op)
+        if self.state == "open":
+            self._events.append((self.tick, index))
+        self._finalizers.append(weakref.finalize(storage, self._on_free, index))
+        return index
+
+    def _on_free(self, index: int) -> None:
+        if self.state == "before":
+            self._freed[index] = BEFORE_STEP
+        elif self.state == "open":
+            self._freed[index] = self.tick
+            self._events.append((self.tick, ~index))
+
+    def category_of(self, tensor: torch.Tensor) -> str | None:
+        index = self._ids.get(tensor.untyped_storage())
+        return None if index is None else self._category[index]
+
+    def label(self, tensors: Iterable[Any], category: str) -> None:
+        """Give the storages of `tensors` (any nesting) the role `category`; storages the tracker has
+        not seen (tensors made outside it, such as real inputs) are registered first."""
+        assert category in CATEGORIES, category
+        for tensor in _tensors(list(tensors)):
+            storage = tensor.untyped_storage()
+            index = self._ids.get(storage)
+            if index is None:
+                index = self._register(storage, "(outside the trace)", None)
+            self._category[index] = category
+
+    def start_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.phase_starts[phase] = self.tick + 1
+
+    def open_step(self, phase: str = "forward") -> None:
+        """The recorded step begins: everything alive now existed before it."""
+        self.state = "open"
+        self.tick = -1
+        self.start_phase(phase)
+
+    def close_step(self) -> LiveMemory:
+        """The recorded step ends; frees after this are not part of it."""
+        self.state = "closed"
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        return self._result()
+
+    def _result(self) -> LiveMemory:
+        alive_before = [i for i, a in enumerate(self._allocated) if a == BEFORE_STEP and self._freed[i] != BEFORE_STEP]
+        during = [i for _, i in self._events if i >= 0]
+        kept = alive_before + during
+        new_index = {old: new for new, old in enumerate(kept)}
+        storages = tuple(
+            StorageLife(self._nbytes[i], self._allocated[i], self._freed[i], self._final_category(i), self._op[i])
+            for i in kept
+        )
+        events = [new_index[i] for i in alive_before]
+        ticks = [BEFORE_STEP] * len(alive_before)
+        for tick, event in self._events:
+            old = event if event >= 0 else ~event
+            events.append(new_index[old] if event >= 0 else ~new_index[old])
+            ticks.append(tick)
+        return LiveMemory(storages, tuple(events), tuple(ticks), dict(self.phase_starts), self.tick + 1)
+
+    def _final_category(self, index: int) -> str:
+        category = self._category[index]
+        if category is not None:
+            return category
+        if self._allocated[index] == BEFORE_STEP:
+            return "weights"  # alive before the step and unlabelled: held by the model (a cache, a constant)
+        return PHASE_CATEGORY[phase_at(self.phase_starts, self._allocated[index])]
+
+
+def phase_at(phase_starts: dict[str, int], tick: int) -> str:
+    """The phase running at `tick`, given each phase's first tick (the first phase before it starts)."""
+    current = next(iter(phase_starts))
+    for phase, start in phase_starts.items():
+        if start <= tick:
+            current = phase
+    return current
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
