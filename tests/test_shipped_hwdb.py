@@ -37,6 +37,7 @@ def test_prices_from_at_least_five_providers(db: HardwareDB) -> None:
 def test_every_source_cited_exists_and_every_source_is_cited(db: HardwareDB) -> None:
     known = {s.id for s in db.sources}
     cited = {s for gpu in db.gpus for s in gpu.sources} | {o.source for o in db.offers}
+    cited |= {s for overhead in db.memory_overheads for s in overhead.sources}
     cited.add(db.defaults.electricity_source)
     assert cited <= known
     assert known - cited == set(), "sources listed but never cited"
@@ -83,3 +84,18 @@ def test_spot_never_above_on_demand_and_per_gpu_prices(db: HardwareDB) -> None:
     p5 = next(o for o in db.offers if o.instance == "p5.48xlarge")
     # p5.48xlarge: 98.32 $/h for 8 GPUs = 12.29 $/GPU-h
     assert p5.instance_usd_per_hour == pytest.approx(98.32)
+
+
+def test_every_gpu_architecture_has_a_memory_overhead(db: HardwareDB) -> None:
+    architectures = {o.architecture for o in db.memory_overheads}
+    assert "default" in architectures
+    for gpu in db.gpus:
+        assert gpu.architecture in architectures, gpu.id
+        overhead = db.memory_overhead(gpu)
+        assert 100 * 2**20 < overhead.cuda_context_bytes < 2 * 2**30, gpu.id
+
+
+def test_hopper_uses_the_32_mib_cublas_workspace(db: HardwareDB) -> None:
+    # CublasHandlePool.cpp: sm90 4096 KiB x 8 = 32 MiB; before it 4096 KiB x 2 + 16 KiB x 8 = 8,519,680 B
+    assert db.memory_overhead(db.gpu("h100-sxm")).cublas_workspace_bytes == 32 * 2**20
+    assert db.memory_overhead(db.gpu("a100-sxm4-80gb")).cublas_workspace_bytes == 8_519_680

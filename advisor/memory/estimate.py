@@ -72,7 +72,8 @@ class StepMemory:
 @dataclass(frozen=True)
 class BatchMemoryModel:
     """Peak memory against batch size: each phase's tensor peak is a line through two traced
-    batches, the step's peak the highest of them; fragmentation is a line too."""
+    batches and the step's peak the highest of them. The allocator's reserve grows in whole
+    segments, so it is taken as the tensors' peak times the reserve ratio of the larger trace."""
 
     first: StepMemory
     second: StepMemory
@@ -80,43 +81,35 @@ class BatchMemoryModel:
     def __post_init__(self) -> None:
         assert self.first.batch_size < self.second.batch_size, "two different batch sizes, smaller first"
 
-    def _line(self, at_first: float, at_second: float) -> tuple[float, float]:
-        """(intercept, slope per sample) of the line through both traced batches."""
-        slope = (at_second - at_first) / (self.second.batch_size - self.first.batch_size)
-        return at_first - slope * self.first.batch_size, slope
-
     def lines(self) -> dict[str, tuple[float, float]]:
-        """Per phase, and for fragmentation: (intercept bytes, bytes per sample)."""
-        lines = {phase: self._line(self.first.phase_peaks[phase], self.second.phase_peaks[phase])
-                 for phase in self.first.phase_peaks}
-        lines["fragmentation"] = self._line(max(self.first.fragmentation, 0), max(self.second.fragmentation, 0))
+        """Per phase: (intercept bytes, bytes per sample) of the tensors' peak."""
+        span = self.second.batch_size - self.first.batch_size
+        lines = {}
+        for phase, at_first in self.first.phase_peaks.items():
+            slope = (self.second.phase_peaks[phase] - at_first) / span
+            lines[phase] = (at_first - slope * self.first.batch_size, slope)
         return lines
+
+    @property
+    def reserve_ratio(self) -> float:
+        """The allocator's reserve over the tensors' peak, at the larger traced batch (>= 1)."""
+        return max(self.second.reserved / self.second.tensor_peak, 1.0)
 
     def reserved_at(self, batch_size: int) -> float:
         """Predicted allocator reserve (bytes) at `batch_size`."""
-        lines = self.lines()
-        intercept, slope = lines.pop("fragmentation")
-        tensors = max(a + b * batch_size for a, b in lines.values())
-        return tensors + max(intercept + slope * batch_size, 0.0)
+        return self.reserve_ratio * max(a + b * batch_size for a, b in self.lines().values())
 
     def max_batch_size(self, budget_bytes: float) -> int | None:
         """The largest batch whose reserve fits in `budget_bytes`: 0 when not even one sample fits,
         None when memory does not grow with the batch."""
-        lines = self.lines()
-        frag_intercept, frag_slope = lines.pop("fragmentation")
-        frag_slope = max(frag_slope, 0.0)
-        limits = []
-        for intercept, slope in lines.values():
-            total_slope = slope + frag_slope
-            if total_slope <= 0:
-                continue
-            limits.append(math.floor((budget_bytes - intercept - max(frag_intercept, 0.0)) / total_slope))
+        tensors_budget = budget_bytes / self.reserve_ratio
+        limits = [math.floor((tensors_budget - intercept) / slope)
+                  for intercept, slope in self.lines().values() if slope > 0]
         if not limits:
             return None
-        best = max(min(limits), 0)
-        while best > 0 and self.reserved_at(best) > budget_bytes:  # the clamp of fragmentation at 0
-            best -= 1
-        return best
+        if any(intercept > tensors_budget for intercept, slope in self.lines().values() if slope <= 0):
+            return 0
+        return max(min(limits), 0)
 
 
 @dataclass(frozen=True)

@@ -496,7 +496,7 @@ def checkpoint_blocks(model: torch.nn.Module, source: str | None = None) -> tupl
     any, each top-level child with parameters. Returns the checkpointed modules' names."""
     chosen = _repeated_blocks(model, "")
     if not chosen:
-        chosen = [(name, child) for name, child in model.named_children() if any(child.parameters())]
+        chosen = [(name, child) for name, child in model.named_children() if _has_parameters(child)]
     if not chosen:
         raise UserError(f"{source or 'the model'} has no submodule with parameters to checkpoint; "
                         "drop --checkpointing")
@@ -511,11 +511,15 @@ def _repeated_blocks(module: torch.nn.Module, prefix: str) -> list[tuple[str, to
     found: list[tuple[str, torch.nn.Module]] = []
     for name, child in module.named_children():
         path = f"{prefix}.{name}" if prefix else name
-        if container and classes.count(type(child)) > 1 and any(child.parameters()):
+        if container and classes.count(type(child)) > 1 and _has_parameters(child):
             found.append((path, child))
         else:
             found.extend(_repeated_blocks(child, path))
     return found
+
+
+def _has_parameters(module: torch.nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
 
 
 def _run_checkpointed(module: torch.nn.Module) -> None:

@@ -1,0 +1,212 @@
+"""Peak training memory: live storages of the traced step by hand, the allocator replay, the batch
+lines and the per-device result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.hardware.specs import MemoryOverhead
+from advisor.memory.allocator import CachingAllocator, segment_size
+from advisor.memory.estimate import BatchMemoryModel, StepMemory, device_memory, parameter_formula_bytes
+from advisor.profile.trace import OPTIMIZERS, trace_training_step
+
+MIB = 2**20
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def inputs(batch: int) -> torch.Tensor:
+    return torch.randn(batch, 8)
+
+
+def phase_peaks(precision: str, optimizer: str) -> dict[str, tuple[int, dict[str, int]]]:
+    memory = trace_training_step(mlp, inputs, 2, precision, optimizer).memory
+    return {phase: (peak.bytes, {k: v for k, v in peak.by_category.items() if v})
+            for phase, peak in memory.phase_peaks().items()}
+
+
+# The MLP Linear(8,16) -> ReLU -> Linear(16,4), batch 2, default loss (mean of the output, plus 0).
+# weights: W1 16*8*4 = 512, b1 16*4 = 64, W2 4*16*4 = 256, b2 4*4 = 16 -> 848 B
+# inputs: 2*8*4 = 64 B
+# forward: h = addmm(b1, x, W1.t()) 2*16*4 = 128 B, r = relu(h) 128 B (relu keeps its output for
+#   backward; h dies once r exists, so both live at r's allocation: 256 B); y = addmm 2*4*4 = 32,
+#   mean 4, 0 + mean 4 (the loss, held to the end of the step)
+# backward: ones_like seed 4 B; the gradient of y (mean's backward: 32 B), of r (mm: 128 B), W2's (256),
+#   b2's (16), then threshold_backward 128 B (the gradient of h), W1's (512) and b1's (64).
+#   At b1's gradient, the last allocation: gradients 256+16+512+64 = 848, seed 4 + threshold 128 = 132
+#   backward temporaries, loss 4 -> 848 + 848 + 64 + 4 + 132 = 1896 B
+FP32_SGD = {
+    "forward": (848 + 64 + 256, {"weights": 848, "inputs": 64, "activations": 256}),
+    "backward": (1896, {"weights": 848, "gradients": 848, "inputs": 64, "activations": 4,
+                        "backward_temporaries": 132}),
+    # SGD's _foreach_add_ works in place: weights + gradients + inputs + loss = 1764 B
+    "optimizer": (1764, {"weights": 848, "gradients": 848, "inputs": 64, "activations": 4}),
+}
+
+
+def test_fp32_sgd_breakdown_by_hand() -> None:
+    assert phase_peaks("fp32", "sgd") == FP32_SGD
+
+
+# Adam keeps exp_avg and exp_avg_sq (848 B each) and a 4-byte step per parameter tensor (4 tensors):
+# 848*2 + 16 = 1712 B of state, alive through the whole steady-state step (it exists before the forward).
+# The foreach step makes one temporary list, sqrt(exp_avg_sq) (848 B), while weights, gradients,
+# state, inputs and the loss are alive: 848 + 848 + 1712 + 64 + 4 + 848 = 4324 B, the step's peak.
+ADAM_STATE = 2 * 848 + 4 * 4
+
+
+def test_fp32_adam_breakdown_by_hand() -> None:
+    peaks = phase_peaks("fp32", "adam")
+    assert peaks["forward"] == (2880, {"weights": 848, "optimizer_state": ADAM_STATE, "inputs": 64,
+                                       "activations": 256})  # 1168 + 1712
+    assert peaks["backward"] == (3608, FP32_SGD["backward"][1] | {"optimizer_state": ADAM_STATE})  # 1896 + 1712
+    assert peaks["optimizer"] == (4324, {"weights": 848, "gradients": 848, "optimizer_state": ADAM_STATE,
+                                         "inputs": 64, "activations": 4, "optimizer_temporaries": 848})
+
+
+# amp-bf16 + AdamW: fp32 master weights and state as above; autocast casts each weight to bf16 once
+# (W1 16*8*2 = 256, b1 32, W2 4*16*2 = 128, b2 8 = 424 B of weight copies, alive until backward used them).
+# Forward peak, at the loss's fp32 copy of the output: x in bf16 2*8*2 = 32, r in bf16 2*16*2 = 64,
+# y in bf16 2*4*2 = 16, y.float() 2*4*4 = 32, its mean 4 -> 148 B of activations;
+# 848 + 424 + 1712 + 64 + 148 = 3196 B. The optimizer phase is the fp32 one: 4324 B, the peak.
+def test_amp_bf16_adamw_breakdown_by_hand() -> None:
+    peaks = phase_peaks("amp-bf16", "adamw")
+    assert peaks["forward"] == (3196, {"weights": 848, "weight_copies": 424, "optimizer_state": ADAM_STATE,
+                                       "inputs": 64, "activations": 148})
+    assert peaks["optimizer"] == (4324, {"weights": 848, "gradients": 848, "optimizer_state": ADAM_STATE,
+                                         "inputs": 64, "activations": 4, "optimizer_temporaries": 848})
+    assert peaks["backward"][0] < peaks["optimizer"][0]
+
+
+def test_allocator_rounds_to_512_bytes_per_tensor() -> None:
+    # fp32 + SGD, each storage rounded up to 512 B (every one is <= 512 B here): at the peak
+    # (backward) 12 storages are alive: 4 weights, 1 input, 2 gradients so far, the loss and its
+    # predecessor's seed... as counted by the sweep: 12 * 512 = 6144 B
+    step = StepMemory.of_trace(trace_training_step(mlp, inputs, 2, "fp32", "sgd"))
+    assert step.tensor_peak == 12 * 512
+    assert step.allocated == step.tensor_peak  # no block is split with a remainder too small to reuse
+    assert step.reserved == 2 * MIB  # every block fits one small-pool segment of 2 MiB
+
+
+def test_allocator_segments_and_reuse_by_hand() -> None:
+    allocator = CachingAllocator()
+    small = allocator.malloc(100)  # rounded to 512; a new 2 MiB small segment
+    assert (allocator.allocated, allocator.reserved) == (512, 2 * MIB)
+    large = allocator.malloc(5 * MIB)  # between 1 and 10 MiB: a 20 MiB segment, split (15 MiB left)
+    assert (allocator.allocated, allocator.reserved) == (512 + 5 * MIB, 22 * MIB)
+    again = allocator.malloc(12 * MIB)  # best fit: the 15 MiB remainder, no new segment
+    assert allocator.reserved == 22 * MIB
+    allocator.free(large)
+    allocator.free(again)  # merges with the free 5 MiB before it and the 3 MiB after it: 20 MiB free
+    assert allocator.malloc(20 * MIB) is not None and allocator.reserved == 22 * MIB
+    allocator.free(small)
+    assert allocator.peak_allocated == 512 + 20 * MIB and allocator.segments == 2
+    # requests of 10 MiB and more get their own segment rounded to 2 MiB
+    assert segment_size(11 * MIB + 1) == 12 * MIB and segment_size(MIB) == 2 * MIB
+
+
+def test_memory_grows_linearly_with_batch_so_two_traces_predict_a_third() -> None:
+    def wide() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
+
+    def step(batch: int) -> StepMemory:
+        return StepMemory.of_trace(trace_training_step(wide, lambda b: torch.randn(b, 512), batch, "fp32", "adamw"))
+
+    model = BatchMemoryModel(step(256), step(512))
+    actual = step(1536)
+    # the tensors' peak is exactly linear within a phase; the reserve grows by whole segments
+    assert model.reserve_ratio * actual.tensor_peak == pytest.approx(model.reserved_at(1536), rel=1e-6)
+    assert model.reserved_at(1536) == pytest.approx(actual.reserved, rel=0.10)
+    assert model.max_batch_size(actual.reserved) in range(1382, 1690)  # 1536 within 10%
+    assert model.max_batch_size(1) == 0  # not even one sample fits in a byte
+
+
+def test_batch_model_max_batch_by_hand() -> None:
+    def step(batch: int, forward: int) -> StepMemory:
+        return StepMemory(batch, forward, "forward", {}, {"forward": forward, "backward": 1000, "optimizer": 4000},
+                          forward, forward)
+
+    # forward peak 1000 + 100 per sample, other phases flat at 1000 and 4000, reserve = tensors:
+    # a budget of 10,000 B holds (10000 - 1000) / 100 = 90 samples; 4,000 B holds 30
+    model = BatchMemoryModel(step(10, 2000), step(20, 3000))
+    assert model.max_batch_size(10_000) == 90
+    assert model.max_batch_size(4_050) == 30
+    assert model.max_batch_size(3_999) == 0  # the optimizer's 4,000 B never fit
+
+
+def test_device_memory_adds_context_and_workspace_and_parts_sum_to_peak() -> None:
+    step = StepMemory(4, 6 * MIB, "backward",
+                      {"weights": 2 * MIB, "weight_copies": 0, "gradients": 2 * MIB, "optimizer_state": 0,
+                       "inputs": 0, "activations": 2 * MIB, "backward_temporaries": 0, "optimizer_temporaries": 0},
+                      {"forward": 6 * MIB, "backward": 6 * MIB, "optimizer": 4 * MIB}, 6 * MIB, 8 * MIB)
+    overhead = MemoryOverhead("ampere", 400 * MIB, 8 * MIB, ("M2",))
+
+    class Gpu:
+        id, memory_bytes = "tiny", 416 * MIB
+
+    result = device_memory(step, Gpu(), overhead)  # type: ignore[arg-type]
+    # 400 MiB context + 8 MiB workspace + 8 MiB reserve (6 MiB tensors + 2 MiB fragmentation) = 416 MiB
+    assert result.peak_bytes == 416 * MIB and result.fits and result.missing_bytes == 0
+    assert result.memory == {"weights": 2 * MIB, "gradients": 2 * MIB, "optimizer": 0, "activations": 2 * MIB,
+                             "overhead": 410 * MIB}
+    assert sum(result.memory.values()) == result.peak_bytes
+    assert result.allocated_bytes == 14 * MIB and result.reserved_bytes == 16 * MIB
+    tighter = device_memory(step, type("G", (), {"id": "t", "memory_bytes": 415 * MIB})(), overhead)
+    assert not tighter.fits and tighter.missing_bytes == MIB
+
+
+def test_parameter_formula_baseline() -> None:
+    # 1000 params, AdamW: fp32 4+4+8 = 16 B each; amp adds the 2-byte copy: 18; pure bf16 2+2+4 = 8
+    assert parameter_formula_bytes(1000, "fp32", "adamw") == 16_000
+    assert parameter_formula_bytes(1000, "amp-bf16", "adamw") == 18_000
+    assert parameter_formula_bytes(1000, "bf16", "adam") == 8_000
+    assert parameter_formula_bytes(1000, "fp32", "sgd") == 8_000
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_checkpointing_trades_activation_memory_for_recompute() -> None:
+    plain = trace_training_step(Blocks, lambda b: torch.randn(b, 64), 512, "fp32", "sgd")
+    checkpointed = trace_training_step(Blocks, lambda b: torch.randn(b, 64), 512, "fp32", "sgd", checkpointing=True)
+    assert checkpointed.checkpointed == ("layers.0", "layers.1", "layers.2", "layers.3")
+    # per block the forward keeps its input and output (2 x 512*64*4 = 256 KiB) instead of also the
+    # 2 x 512*256*4 = 1 MiB inside it; at the forward's peak one block's 1 MiB is live as temporaries
+    forward_activations = [t.memory.peak(phase="forward").by_category["activations"] for t in (plain, checkpointed)]
+    assert forward_activations[1] < 0.35 * forward_activations[0]
+    assert checkpointed.memory.peak().bytes < 0.7 * plain.memory.peak().bytes
+    # every block's forward runs again in backward: the backward gains one forward of the blocks
+    assert checkpointed.flops("backward") == pytest.approx(plain.flops("backward") + plain.model_forward_flops(),
+                                                           rel=0.01)
+
+
+def test_gradient_accumulation_keeps_gradients_through_the_forward() -> None:
+    trace = trace_training_step(mlp, inputs, 2, "fp32", "sgd", accumulate_gradients=True)
+    forward = trace.memory.peak(phase="forward")
+    assert forward.by_category["gradients"] == 848  # every parameter's gradient, from earlier micro-batches
+
+
+@pytest.mark.skipif("adafactor" not in OPTIMIZERS, reason="torch.optim.Adafactor needs torch >= 2.5")
+def test_adafactor_state_is_far_smaller_than_adams() -> None:
+    def wide() -> torch.nn.Module:
+        return torch.nn.Linear(512, 512, bias=False)
+
+    def state(optimizer: str) -> int:
+        trace = trace_training_step(wide, lambda b: torch.randn(b, 512), 2, "fp32", optimizer)
+        return trace.memory.total("optimizer_state")
+
+    # Adam: 2 * 512*512*4 = 2 MiB (+ the step); Adafactor: row and column factors 2 * 512 * 4 = 4 KiB (+ step)
+    assert state("adam") == 2 * 512 * 512 * 4 + 4
+    assert state("adafactor") < 8 * 1024
