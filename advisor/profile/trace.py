@@ -138,6 +138,27 @@ class StepTrace:
         }
 
 
+class _StepModuleTracker(ModuleTracker):
+    """ModuleTracker that, during the backward, only follows which module runs. Activation
+    checkpointing re-runs blocks' forward there; the stock tracker would hang gradient hooks on the
+    recomputed tensors and keep them (and the memory the trace counts) alive until the step ends.
+    The recomputed graph is never back-propagated, so those hooks have nothing to track."""
+
+    in_backward = False
+
+    def _fw_pre_hook(self, mod, input) -> None:
+        if self.in_backward:
+            self._get_append_fn(self._get_mod_name(mod), False)()
+        else:
+            super()._fw_pre_hook(mod, input)
+
+    def _fw_post_hook(self, mod, input, output) -> None:
+        if self.in_backward:
+            self._get_pop_fn(self._get_mod_name(mod), False)()
+        else:
+            super()._fw_post_hook(mod, input, output)
+
+
 class _CostFormulaError(AssertionError):
     """A cost formula failed on an op: our bug, never blamed on the user's model."""
 
@@ -399,7 +420,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
         checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
         opt = make_optimizer(setup.optimizer, params)
         scaler = _GradScalerOps() if setup.precision == "amp-fp16" else None
-        tracker = ModuleTracker()
+        tracker = _StepModuleTracker()
         recorder = _Recorder(tracker, memory, fake_mode if real_inputs else None)
         with tracker, recorder:
             recorder.phase = "optimizer"
@@ -409,7 +430,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
             recorder.phase, recorder.recording = "forward", True
             loss = _forward(model, inputs, setup)
             memory.start_phase("backward")
-            recorder.phase = "backward"
+            recorder.phase, tracker.in_backward = "backward", True
             with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
                 (loss if scaler is None else scaler.scale(loss)).backward()
             memory.label([p.grad for p in params if p.grad is not None], "gradients")
