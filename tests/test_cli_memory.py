@@ -1,0 +1,55 @@
+"""`advisor memory` through the real entry point: JSON fields, the table and user errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.cli.main import main
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_memory_json_has_the_estimate_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "memory", "mlp", "--gpu", "rtx-3060", "--gpu", "h100-sxm", "--json",
+                             "--optimizer", "sgd")
+    assert code == 0 and err == ""
+    document = json.loads(out)
+    assert document["model"]["params"] == 1_863_690
+    rtx, h100 = document["results"]
+    assert (rtx["gpu_id"], h100["gpu_id"]) == ("rtx-3060", "h100-sxm")
+    for result in (rtx, h100):
+        assert set(result["memory"]) == {"weights", "gradients", "optimizer", "activations", "overhead"}
+        assert sum(result["memory"].values()) == result["peak_bytes"]
+        assert result["fits"] and result["max_batch_size"] > 64
+    # 1,863,690 fp32 weights = 7,454,760 B; each of the 6 storages rounded up to 512 B: 7,455,232 B
+    assert rtx["memory"]["weights"] == 7_455_232
+    assert rtx["memory"]["optimizer"] == 0  # SGD without momentum keeps no state
+    # the context is 400 MiB on both; cuBLAS workspace 8,519,680 B on Ampere, 32 MiB on Hopper
+    assert h100["peak_bytes"] - rtx["peak_bytes"] == 32 * 2**20 - 8_519_680
+    assert h100["detail"]["cuda_context"] == 400 * 2**20
+
+
+def test_memory_table_marks_what_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "memory", "mlp", "--gpu", "rtx-3060", "--cuda-context-mib", "12280")
+    assert code == 0
+    assert "no, " in out and "short" in out  # 12 GiB minus a 12,280 MiB context leaves too little
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu", "rtx-309"], "unknown GPU id 'rtx-309' (did you mean: rtx-3090"),
+        (["--batch-size", "4", "--micro-batch", "8"], "--micro-batch 8 is larger than the batch size 4"),
+    ],
+)
+def test_memory_user_errors_are_one_sentence(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                             message: str) -> None:
+    code, out, err = run_cli(capsys, "memory", "mlp", *argv)
+    assert code == 2 and out == ""
+    assert message in err and err.count("\n") == 1
