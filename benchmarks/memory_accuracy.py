@@ -40,7 +40,15 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from advisor.hardware.loader import load_hwdb
 from advisor.memory.estimate import StepMemory, device_memory, parameter_formula_bytes
 from advisor.profile.model_file import load_model_file
-from advisor.profile.trace import call_model, checkpoint_blocks, default_loss, make_optimizer, trace_training_step
+from advisor.profile.trace import (
+    PURE_LOW_PRECISION,
+    call_model,
+    cast_inputs,
+    checkpoint_blocks,
+    default_loss,
+    make_optimizer,
+    trace_training_step,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION = REPO.parent / "shared" / "validation" / "published-memory.csv"
@@ -93,12 +101,8 @@ def cpu_cases() -> list[Case]:
 
 
 def _cast_model_and_inputs(model: torch.nn.Module, inputs: Any, precision: str) -> tuple[torch.nn.Module, Any]:
-    if precision not in ("bf16", "fp16"):
-        return model, inputs
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    cast = torch.utils._pytree.tree_map(
-        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, inputs)
-    return model.to(dtype), cast
+    dtype = PURE_LOW_PRECISION.get(precision)
+    return (model, inputs) if dtype is None else (model.to(dtype), cast_inputs(inputs, dtype))
 
 
 def measure_cpu_peak(case: Case) -> int:
@@ -184,6 +188,25 @@ def hf_bert_large() -> tuple[Callable, Callable, Callable] | None:
     return build_model, example_input, lambda output, inputs: output.loss
 
 
+SKIP_REASONS = {
+    "PEFT_README": "batch size, sequence length and precision not stated",
+    "LITGPT_RESOURCE_TABLES": "LoRA/adapter fine-tuning: the repository builds no LoRA model",
+}
+
+
+def _why_skipped(row: dict[str, str], variant: str | None, transformers_installed: bool) -> str | None:
+    """Why a published row is not predicted, or None when it is."""
+    if row["source_id"] in SKIP_REASONS:
+        return SKIP_REASONS[row["source_id"]]
+    if variant is None:
+        if "8-bit" in row["notes"]:
+            return "8-bit Adam is bitsandbytes; torch has no 8-bit optimizer"
+        return "no model in the repository matches this row"
+    if not transformers_installed:
+        return "transformers not installed (pip install '.[test]')"
+    return None
+
+
 def published_rows() -> tuple[list[tuple[str, float, float, float]], list[str]]:
     """(label, measured MiB, predicted MiB, formula MiB) per buildable row, and the skipped rows."""
     rows, skipped = [], []
@@ -193,8 +216,8 @@ def published_rows() -> tuple[list[tuple[str, float, float, float]], list[str]]:
     with VALIDATION.open() as handle:
         for row in csv.DictReader(handle):
             variant = next((v for v in HF_VARIANTS if row["notes"].startswith(v + ";")), None)
-            if row["source_id"] != "HF_PERF_TRAIN_GPU_ONE" or variant is None or model is None:
-                why = "transformers not installed" if model is None and variant else "model or configuration not buildable"
+            why = _why_skipped(row, variant, model is not None)
+            if why is not None:
                 skipped.append(f"{row['source_id']} {row['model']} {row['precision']} {row['notes'][:40]}: {why}")
                 continue
             micro, precision, optimizer, checkpointing = HF_VARIANTS[variant]
@@ -211,9 +234,8 @@ def published_rows() -> tuple[list[tuple[str, float, float, float]], list[str]]:
 
 
 def gpu_rows() -> list[tuple[str, float, float, float]]:
-    files = sorted((REPO / "benchmarks" / "data").glob("gpu_memory_*.csv"))
-    if not files:
-        print("GPU rows: none measured yet (benchmarks/data/gpu_memory_*.csv is written on a lent GPU, issue 8)")
+    """Rows measured on a real GPU (benchmarks/data/gpu_memory_*.csv, written by issue 8's runs): none yet."""
+    assert not list((REPO / "benchmarks" / "data").glob("gpu_memory_*.csv")), "GPU measurements exist: read them"
     return []
 
 
@@ -254,7 +276,10 @@ def main() -> int:
             gc.collect()
         print_table("1. This CPU: peak live bytes of a real training step vs the trace's prediction", rows, "MiB")
     if args.part in ("gpu", "all"):
-        print_table("2. Real GPU runs (max_memory_reserved)", gpu_rows(), "MiB")
+        rows = gpu_rows()
+        print_table("2. Real GPU runs (max_memory_reserved)", rows, "MiB")
+        if not rows:
+            print("   none measured yet: benchmarks/data/gpu_memory_*.csv is written on a lent GPU (issue 8)")
     if args.part in ("published", "all"):
         rows, skipped = published_rows()
         print_table("3. Published: nvidia-smi used after training (context + allocator reserve)", rows, "MiB")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from advisor.profile.live_memory import LiveMemory
+from advisor.profile.live_memory import LiveMemory, round_up
 
 MIB = 1 << 20
 MIN_BLOCK = 512
@@ -28,7 +28,7 @@ ROUND_LARGE = 2 * MIB
 
 def round_request(nbytes: int) -> int:
     """A request's size as the allocator rounds it: a multiple of 512 bytes, at least 512."""
-    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+    return max(MIN_BLOCK, round_up(nbytes, MIN_BLOCK))
 
 
 def segment_size(request: int) -> int:

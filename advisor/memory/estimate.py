@@ -54,11 +54,11 @@ class StepMemory:
     @classmethod
     def of_trace(cls, trace: StepTrace) -> StepMemory:
         assert trace.memory is not None, "the trace recorded no memory"
-        peak = trace.memory.peak(MIN_BLOCK)
-        phase_peaks = {phase: p.bytes for phase, p in trace.memory.phase_peaks(MIN_BLOCK).items()}
+        phase_peaks = trace.memory.phase_peaks(MIN_BLOCK)
+        peak = max(phase_peaks.values(), key=lambda p: p.bytes)  # the first phase to reach it, as peak() finds
         allocator = replay(trace.memory)
-        return cls(trace.batch_size, peak.bytes, peak.phase, dict(peak.by_category), phase_peaks,
-                   allocator.allocated, allocator.reserved)
+        return cls(trace.batch_size, peak.bytes, peak.phase, dict(peak.by_category),
+                   {phase: p.bytes for phase, p in phase_peaks.items()}, allocator.allocated, allocator.reserved)
 
     @property
     def fragmentation(self) -> int:
@@ -103,11 +103,11 @@ class BatchMemoryModel:
         """The largest batch whose reserve fits in `budget_bytes`: 0 when not even one sample fits,
         None when memory does not grow with the batch."""
         tensors_budget = budget_bytes / self.reserve_ratio
-        limits = [math.floor((tensors_budget - intercept) / slope)
-                  for intercept, slope in self.lines().values() if slope > 0]
+        lines = self.lines().values()
+        limits = [math.floor((tensors_budget - intercept) / slope) for intercept, slope in lines if slope > 0]
         if not limits:
             return None
-        if any(intercept > tensors_budget for intercept, slope in self.lines().values() if slope <= 0):
+        if any(intercept > tensors_budget for intercept, slope in lines if slope <= 0):
             return 0
         return max(min(limits), 0)
 

@@ -49,11 +49,16 @@ DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeExcepti
 """What fake tensors raise when an op needs the values of its inputs."""
 
 MAX_REAL_ELEMENTS = 1 << 24
+"""Largest tensor (elements) computed for real beside its fake twin in the real-inputs fallback."""
+
 GRAD_SCALER_INIT_SCALE = 2.0**16
 """torch.amp.GradScaler's default initial scale (amp-fp16 runs scale the loss by it)."""
 
 SCALAR_ITEM = "_local_scalar_dense"
-"""Largest tensor (elements) computed for real beside its fake twin in the real-inputs fallback."""
+"""The aten op behind `.item()`."""
+
+PURE_LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""Precisions that cast the whole model and its inputs, precision -> dtype."""
 
 
 @dataclass(frozen=True)
@@ -299,7 +304,8 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
     raise UserError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
 
 
-def _cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
+def cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
+    """The inputs with every floating-point tensor cast to `dtype` (pure low-precision training)."""
     return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, inputs)
 
 
@@ -409,10 +415,10 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
             with user_code(f"example_input({batch_size})", source):
                 inputs = setup.example_input(batch_size)
         _check_inputs(inputs, batch_size, source)
-        if setup.precision in ("bf16", "fp16"):
-            dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float16
+        dtype = PURE_LOW_PRECISION.get(setup.precision)
+        if dtype is not None:
             _convert_floating_point(model, dtype)
-            inputs = _cast_inputs(inputs, dtype)
+            inputs = cast_inputs(inputs, dtype)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
