@@ -53,3 +53,11 @@ def test_memory_user_errors_are_one_sentence(capsys: pytest.CaptureFixture[str],
     code, out, err = run_cli(capsys, "memory", "mlp", *argv)
     assert code == 2 and out == ""
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["-5", "many", "nan"])
+def test_cuda_context_must_be_a_size(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["memory", "mlp", "--cuda-context-mib", value])
+    assert exit_info.value.code == 2
+    assert "argument --cuda-context-mib:" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from advisor import units
-from advisor.cli.profile import add_model_arguments, positive_int, progress
+from advisor.cli.profile import add_model_arguments, non_negative_float, positive_int, progress
 from advisor.cli.table import Column, render_table
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.plan import MemoryPlan, MemorySettings, plan_memory
@@ -23,7 +23,7 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
                         help="activation (gradient) checkpointing of the model's repeated blocks")
     parser.add_argument("--micro-batch", type=positive_int, metavar="N",
                         help="samples per forward/backward; the batch is reached by gradient accumulation")
-    parser.add_argument("--cuda-context-mib", type=float, metavar="MIB",
+    parser.add_argument("--cuda-context-mib", type=non_negative_float, metavar="MIB",
                         help="CUDA context size instead of the database's (e.g. ~1300 for stacks without "
                              "lazy loading, CUDA < 11.7)")
 
