@@ -34,3 +34,11 @@ def count(value: int) -> str:
 
 def percent(fraction: float, digits: int = 1) -> str:
     return f"{100 * fraction:.{digits}f}%"
+
+
+def duration(seconds: float, digits: int = 3) -> str:
+    """2.7e-06 -> "2.70 us", 0.0153 -> "15.3 ms", 12.5 -> "12.5 s" (SI prefixes below a second)."""
+    for scale, prefix in ((1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n")):
+        if abs(seconds) >= scale:
+            return f"{_significant(seconds / scale, digits)} {prefix}s"
+    return "0 s" if seconds == 0 else f"{seconds:.2g} s"

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from advisor import __version__
-from advisor.cli import gpus, memory, profile
+from advisor.cli import calibrate, gpus, memory, profile
 from advisor.errors import UserError
 from advisor.hardware.loader import load_hwdb
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.add_parser(subparsers, [common])
     profile.add_parser(subparsers, [common])
     memory.add_parser(subparsers, [common])
+    calibrate.add_parser(subparsers, [common])
     return parser
 
 

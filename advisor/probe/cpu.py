@@ -28,6 +28,11 @@ class CPUInfo:
     vector_extensions: tuple[str, ...]
     memory_total_bytes: int | None
     memory_available_bytes: int | None
+    vendor: str | None = None
+    """"GenuineIntel", "AuthenticAMD", or None (ARM and others)."""
+    family: int | None = None
+    """x86 CPU family (25 = AMD Zen 3/4, 26 = Zen 5, 6 = most Intel cores)."""
+    last_level_cache_bytes: int | None = None
 
     @property
     def vector_width_bits(self) -> int:
@@ -48,6 +53,7 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
     flags: set[str] = set()
     cores: set[tuple[str, str]] = set()
     physical_id = core_id = None
+    vendor = family = None
     for line in text.splitlines() + [""]:
         if not line.strip():
             if core_id is not None:
@@ -57,6 +63,10 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
         key, _, value = (part.strip() for part in line.partition(":"))
         if key in ("model name", "Model", "Processor") and model is None and value:
             model = value
+        elif key == "vendor_id" and vendor is None:
+            vendor = value
+        elif key == "cpu family" and family is None and value.isdigit():
+            family = int(value)
         elif key == "cpu MHz" and mhz is None:
             mhz = float(value)
         elif key in ("flags", "Features"):
@@ -65,7 +75,14 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
             physical_id = value
         elif key == "core id":
             core_id = value
-    return {"model": model, "mhz": mhz, "flags": flags, "physical_cores": len(cores) or None}
+    return {
+        "model": model,
+        "mhz": mhz,
+        "flags": flags,
+        "physical_cores": len(cores) or None,
+        "vendor": vendor,
+        "family": family,
+    }
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -88,6 +105,26 @@ def available_memory_bytes() -> int | None:
 def _read(path: str) -> str | None:
     file = Path(path)
     return file.read_text(encoding="utf-8", errors="replace") if file.is_file() else None
+
+
+def parse_cache_size(text: str) -> int | None:
+    """"32768K" (sysfs cache size) -> 33554432 bytes."""
+    text = text.strip()
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3}
+    if text and text[-1] in units and text[:-1].isdigit():
+        return int(text[:-1]) * units[text[-1]]
+    return int(text) if text.isdigit() else None
+
+
+def _last_level_cache_bytes() -> int | None:
+    """Size of the highest cache level sysfs lists for cpu0 (the L3 on most machines), in bytes."""
+    best: tuple[int, int] | None = None
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        level, size = _read(str(index / "level")), _read(str(index / "size"))
+        if level and size and level.strip().isdigit() and (parsed := parse_cache_size(size)):
+            if best is None or int(level) >= best[0]:
+                best = (int(level), parsed)
+    return best[1] if best else None
 
 
 def _max_clock_hz() -> float | None:
@@ -113,4 +150,7 @@ def probe_cpu() -> CPUInfo:
         vector_extensions=tuple(flag for flag in known if flag in cpuinfo["flags"]),
         memory_total_bytes=meminfo.get("MemTotal"),
         memory_available_bytes=meminfo.get("MemAvailable"),
+        vendor=cpuinfo["vendor"],
+        family=cpuinfo["family"],
+        last_level_cache_bytes=_last_level_cache_bytes(),
     )

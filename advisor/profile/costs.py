@@ -266,12 +266,25 @@ def _is_view(func: Any) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
 
 
+OVERWRITE_OPS = set(_ops("copy_", "fill_", "zero_", "_foreach_copy_", "_foreach_zero_"))
+"""In-place ops that write their first argument without reading it."""
+
+
+def _read_arguments(packet: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors an op reads: its arguments, less `out=` buffers and the destination of an
+    overwrite (copy_, fill_, zero_), which are only written."""
+    kwargs = {name: value for name, value in (kwargs or {}).items() if name != "out"}
+    if packet in OVERWRITE_OPS:
+        args = args[1:]
+    return tree_flatten((args, kwargs))[0]
+
+
 def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     """Cost of one call of aten op `func` (an OpOverload) with these arguments and output."""
     packet = func.overloadpacket
     if func.namespace in ("prim", "profiler") or packet in FREE_OPS or _is_view(func):
         return OpCost(0.0, 0, 0, False, True)
-    inputs = tree_flatten((args, kwargs))[0]
+    inputs = _read_arguments(packet, args, kwargs)
     outputs = tree_flatten(out)[0]
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))

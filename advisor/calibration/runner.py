@@ -1,0 +1,261 @@
+"""Run the suite on a device and fit what it measured into a calibration profile.
+
+The profile is only built (and so only stored) once every case has run: an interrupted run leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import platform
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+
+from advisor.calibration.curves import fit_curve
+from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks
+from advisor.calibration.profile import CalibrationProfile, Fingerprint, Measurement, SeriesProfile, Skipped
+from advisor.calibration.suite import COMPUTE_OPS, MEMORY_OPS, Case, Suite, case_cost
+from advisor.calibration.timing import Clock, CPUClock, CUDAClock, HostClock, Sample, measure
+from advisor.errors import UserError
+from advisor.hardware.matching import match_gpu_name
+from advisor.hardware.specs import HardwareDB
+from advisor.probe.cpu import available_memory_bytes, probe_cpu
+from advisor.probe.nvml import probe_nvidia
+
+Progress = Callable[[int, int, str], None]
+"""(cases done, cases in all, label of the case about to run)."""
+
+BANDWIDTH_OPS = ("copy", "scale", "triad")
+"""STREAM's kernels: the sustained bandwidth is the best of them at their largest size."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The device to calibrate: its clocks, peaks and fingerprint."""
+
+    device: str
+    kind: str
+    """"cpu" or "cuda"."""
+    name: str
+    peaks: DevicePeaks
+    clock: Clock
+    host_clock: Clock
+    fingerprint: Fingerprint
+    software: dict[str, str | None]
+    cache_bytes: float | None
+    """Last-level cache (CPU) or L2 (GPU): the first guess of where memory ops slow down."""
+    gpu_id: str | None = None
+
+
+def _software(driver: str | None = None) -> dict[str, str | None]:
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": driver,
+        "python": platform.python_version(),
+    }
+
+
+def cpu_target(suite: Suite) -> Target:
+    """This machine's CPU, as torch uses it (its intra-op threads)."""
+    cpu = probe_cpu()
+    fingerprint = Fingerprint(
+        device="cpu",
+        device_name=cpu.model,
+        cpu_model=cpu.model,
+        cpu_cores=cpu.usable_cores,
+        torch_version=torch.__version__,
+        torch_threads=torch.get_num_threads(),
+        cuda_version=None,
+        gpu_driver=None,
+        suite_digest=suite.digest,
+    )
+    name = f"{cpu.model} ({cpu.usable_cores} cores, {torch.get_num_threads()} torch threads)"
+    return Target("cpu", "cpu", name, cpu_peaks(cpu), CPUClock(), CPUClock(), fingerprint, _software(),
+                  cpu.last_level_cache_bytes)
+
+
+def cuda_target(index: int, db: HardwareDB, suite: Suite) -> Target:
+    """Local GPU `index` as torch numbers them; UserError when torch has no such device."""
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise UserError(f"--device cuda:{index}: torch {torch.__version__} ({build}) sees no CUDA device; "
+                        "calibrate the CPU with --device cpu")
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise UserError(f"--device cuda:{index}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    properties = torch.cuda.get_device_properties(index)
+    name = torch.cuda.get_device_name(index)
+    gpu_id = match_gpu_name(db, name, properties.total_memory)
+    nvml = probe_nvidia()
+    cpu = probe_cpu()
+    if gpu_id is not None:
+        spec = db.gpu(gpu_id)
+        peaks = gpu_peaks(spec)
+        cache = spec.l2_cache_bytes
+    else:
+        peaks = DevicePeaks({}, None, (f"{name} is not in the hardware database: fractions are of the best rate "
+                                       "measured per series",))
+        cache = getattr(properties, "L2_cache_size", None)
+    device = f"cuda:{index}"
+    fingerprint = Fingerprint(
+        device=device,
+        device_name=name,
+        cpu_model=cpu.model,
+        cpu_cores=cpu.usable_cores,
+        torch_version=torch.__version__,
+        torch_threads=torch.get_num_threads(),
+        cuda_version=torch.version.cuda,
+        gpu_driver=nvml.driver_version,
+        suite_digest=suite.digest,
+    )
+    return Target(device, "cuda", name, peaks, CUDAClock(device), HostClock(device), fingerprint,
+                  _software(nvml.driver_version), float(cache) if cache else None, gpu_id)
+
+
+@contextlib.contextmanager
+def _math_mode(dtype: str) -> Iterator[None]:
+    """TF32 tensor math on for tf32 cases and off for strict fp32 ones; restored afterwards."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def _free_bytes(target: Target) -> int | None:
+    if target.kind == "cuda":
+        return torch.cuda.mem_get_info(torch.device(target.device))[0]
+    return available_memory_bytes()
+
+
+@dataclass(frozen=True)
+class _Result:
+    case: Case
+    flops: float
+    bytes: int
+    sample: Sample
+
+
+def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | None = None) -> tuple[
+        list[_Result], list[tuple[Case, str]]]:
+    """Time every case of the suite on `target`: results, and the cases skipped with the reason."""
+    timing = suite.timing_for(target.kind, quick)
+    dtypes = set(target.peaks.flops) | {"fp32"} if target.peaks.flops else None
+    cases = suite.cases(target.kind, quick, dtypes)
+    results: list[_Result] = []
+    skipped: list[tuple[Case, str]] = []
+    last_rate: dict[str, float] = {}
+    for done, case in enumerate(cases):
+        if progress:
+            progress(done, len(cases), f"{case.series} {case.label}")
+        cost = case_cost(case)
+        work = cost.flops if case.op in COMPUTE_OPS else cost.bytes
+        if case.series in last_rate and work / last_rate[case.series] > timing.max_call_s:
+            predicted = work / last_rate[case.series]
+            skipped.append((case, f"one call would take about {predicted:.3g} s (limit {timing.max_call_s:g} s)"))
+            continue
+        free = _free_bytes(target)
+        if free is not None and cost.bytes > 0.6 * free:
+            skipped.append((case, f"needs {cost.bytes / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free"))
+            continue
+        clock = target.host_clock if case.op == "launch" else target.clock
+        with _math_mode(case.dtype), torch.no_grad() if case.variant != "autograd" else contextlib.nullcontext():
+            call = case.build(target.device)
+            sample = measure(call, clock, timing)
+            del call
+        results.append(_Result(case, cost.flops, cost.bytes, sample))
+        last_rate[case.series] = work / sample.seconds
+    if progress:
+        progress(len(cases), len(cases), "fitting")
+    return results, skipped
+
+
+def calibrate(target: Target, suite: Suite, quick: bool, progress: Progress | None = None) -> CalibrationProfile:
+    """Measure `target` with the suite and fit its profile."""
+    started = time.perf_counter()
+    results, skipped = run_suite(target, suite, quick, progress)
+    profile = build_profile(target, results, skipped, quick)
+    return replace(profile, duration_s=round(time.perf_counter() - started, 2))
+
+
+def sustained_bandwidth(results: list[_Result]) -> float:
+    """Bytes/s of the best STREAM kernel (copy, scale, triad) at its largest size."""
+    best = 0.0
+    for op in BANDWIDTH_OPS:
+        points = [r for r in results if r.case.op == op]
+        if points:
+            largest = max(points, key=lambda r: r.bytes)
+            best = max(best, largest.bytes / largest.sample.seconds)
+    assert best > 0, "the suite measured no copy, scale or triad"
+    return best
+
+
+def build_profile(target: Target, results: list[_Result], skipped: list[tuple[Case, str]],
+                  quick: bool) -> CalibrationProfile:
+    """Fit every series and assemble the profile."""
+    sustained = sustained_bandwidth(results)
+    bandwidth_peak = target.peaks.bandwidth_bytes_per_s or sustained
+    notes = list(target.peaks.notes)
+    if target.peaks.bandwidth_bytes_per_s is None:
+        notes.append(f"memory ops are fractions of the sustained bandwidth measured here, "
+                     f"{sustained / 1e9:.1f} GB/s (no theoretical figure known)")
+    overheads = {r.case.variant: r.sample.seconds for r in results if r.case.op == "launch"}
+    series: list[SeriesProfile] = []
+    keys = sorted({r.case.series for r in results if r.case.op != "launch"},
+                  key=lambda key: [r.case.series for r in results].index(key))
+    for key in keys:
+        points = [r for r in results if r.case.series == key]
+        op, dtype = points[0].case.op, points[0].case.dtype
+        reasons = tuple(Skipped(case.label, reason) for case, reason in skipped if case.series == key)
+        if op in MEMORY_OPS:
+            series.append(_memory_series(op, dtype, points, bandwidth_peak, target.cache_bytes, reasons))
+        else:
+            peak = target.peaks.flops.get(dtype) or max(r.flops / r.sample.seconds for r in points)
+            series.append(_compute_series(op, dtype, points, peak, sustained, reasons))
+    return CalibrationProfile(
+        device=target.device,
+        device_name=target.name,
+        status="measured",
+        mode="quick" if quick else "full",
+        created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+        peaks=target.peaks,
+        sustained_bandwidth_bytes_per_s=sustained,
+        overheads_s=overheads,
+        series=tuple(series),
+        fingerprint=target.fingerprint,
+        software=target.software,
+        notes=tuple(notes),
+    )
+
+
+def _measurement(result: _Result, fraction: float) -> Measurement:
+    sample = result.sample
+    return Measurement(result.case.label, result.flops, result.bytes, sample.seconds, sample.samples,
+                       round(sample.spread, 4), fraction)
+
+
+def _memory_series(op: str, dtype: str, points: list[_Result], peak: float, cache: float | None,
+                   skipped: tuple[Skipped, ...]) -> SeriesProfile:
+    fractions = [r.bytes / r.sample.seconds / peak for r in points]
+    fit = fit_curve("hierarchy", [r.bytes for r in points], fractions, peak, capacity_guess=cache)
+    measurements = tuple(_measurement(r, f) for r, f in zip(points, fractions))
+    return SeriesProfile(op, dtype, "bytes", peak, fit, measurements, skipped)
+
+
+def roofline(peak_flops: float, intensity: float, bandwidth: float) -> float:
+    """Attainable FLOP/s at `intensity` FLOPs per byte: min(peak, intensity x bandwidth)."""
+    return min(peak_flops, intensity * bandwidth)
+
+
+def _compute_series(op: str, dtype: str, points: list[_Result], peak: float, bandwidth: float,
+                    skipped: tuple[Skipped, ...]) -> SeriesProfile:
+    fractions = [r.flops / r.sample.seconds / roofline(peak, r.flops / r.bytes, bandwidth) for r in points]
+    fit = fit_curve("saturating", [r.flops for r in points], fractions, peak)
+    measurements = tuple(_measurement(r, f) for r, f in zip(points, fractions))
+    return SeriesProfile(op, dtype, "flops", peak, fit, measurements, skipped)
