@@ -128,8 +128,8 @@ class Fit:
     def to_dict(self) -> dict[str, Any]:
         return {
             "curve": self.curve.to_dict(),
-            "residuals": [round(r, 5) for r in self.residuals],
-            "rms_log_residual": round(self.rms_log_residual, 5),
+            "residuals": list(self.residuals),
+            "rms_log_residual": self.rms_log_residual,
             "points": self.points,
         }
 

@@ -113,10 +113,17 @@ class SeriesProfile:
         """Fitted fraction of the reference for one call of `work` FLOPs or bytes."""
         return self.fit.curve.efficiency(work, self.peak)
 
+    def measured(self, label: str) -> Measurement | None:
+        """The measurement of the case with this label ("1024x1024x1024", "256 MiB")."""
+        return next((m for m in self.measurements if m.label == label), None)
+
+    def rate(self, measurement: Measurement) -> float:
+        """Achieved FLOP/s or bytes/s of one of this series' measurements."""
+        return (measurement.flops if self.axis == "flops" else measurement.bytes) / measurement.seconds
+
     def best_rate(self) -> float | None:
         """Highest achieved FLOP/s or bytes/s among the measurements."""
-        rates = [(m.flops if self.axis == "flops" else m.bytes) / m.seconds for m in self.measurements]
-        return max(rates, default=None)
+        return max((self.rate(m) for m in self.measurements), default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,12 @@ class Suite:
                 ordered = sorted(chosen, key=lambda size: _work(series.op, size))
                 cases.extend(Case(series.op, dtype, size) for size in ordered)
         return cases
+
+    def only(self, *ops: str) -> Suite:
+        """The same suite restricted to these ops (launch and copy are always kept: every profile
+        needs its overheads and its sustained bandwidth)."""
+        keep = {*ops, "launch", "copy"}
+        return replace(self, series=tuple(s for s in self.series if s.op in keep))
 
     def timing_for(self, device_kind: str, quick: bool) -> Timing:
         return self.timing[device_kind]["quick" if quick else "full"]
