@@ -23,6 +23,7 @@ from advisor.calibration.timing import Clock, measure
 from advisor.cli import calibrate as calibrate_cli
 from advisor.cli.main import main
 from advisor.hardware.loader import load_hwdb
+from advisor.paths import shipped_dir
 from advisor.profile.costs import op_cost
 
 TINY_SUITE = """
@@ -354,7 +355,7 @@ def test_a_measured_reference_wins_over_the_default(tmp_path: Path, tiny_suite) 
     db = load_hwdb([])
     reference = tmp_path / "reference"
     (reference / "measured").mkdir(parents=True)
-    shipped = Path(load_families.__code__.co_filename).parents[2] / "calibration" / "reference" / "defaults.yaml"
+    shipped = shipped_dir("calibration", "suite.yaml") / "reference" / "defaults.yaml"
     (reference / "defaults.yaml").write_text(shipped.read_text())
     measured = calibrate(cpu_target(tiny_suite), tiny_suite, quick=True)
     document = {"applies_to": {"gpu_ids": ["h100-sxm"]}, "profile": measured.to_dict()}
@@ -369,7 +370,7 @@ def test_a_measured_reference_wins_over_the_default(tmp_path: Path, tiny_suite) 
 
 def test_reference_with_an_unknown_source_names_file_entry_key(tmp_path: Path) -> None:
     db = load_hwdb([])
-    shipped = Path(load_families.__code__.co_filename).parents[2] / "calibration" / "reference" / "defaults.yaml"
+    shipped = shipped_dir("calibration", "suite.yaml") / "reference" / "defaults.yaml"
     (tmp_path / "defaults.yaml").write_text(shipped.read_text().replace("sources: [E1, E4, E5]", "sources: [E1, E99]", 1))
     with pytest.raises(ReferenceError, match=r"defaults.yaml: entry hopper, key 'sources': unknown source 'E99'"):
         load_families(db, tmp_path)

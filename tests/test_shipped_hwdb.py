@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from advisor import units
+from advisor.calibration.reference import load_families
 from advisor.hardware.loader import load_hwdb
 from advisor.hardware.specs import HardwareDB
 
@@ -38,6 +39,7 @@ def test_every_source_cited_exists_and_every_source_is_cited(db: HardwareDB) -> 
     known = {s.id for s in db.sources}
     cited = {s for gpu in db.gpus for s in gpu.sources} | {o.source for o in db.offers}
     cited |= {s for overhead in db.memory_overheads for s in overhead.sources}
+    cited |= {s for family in load_families(db) for s in family.sources}  # calibration/reference/
     cited.add(db.defaults.electricity_source)
     assert cited <= known
     assert known - cited == set(), "sources listed but never cited"
