@@ -13,7 +13,7 @@ from advisor.calibration.cache import load_profile, store_profile
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.reference import family_for, load_families
 from advisor.calibration.runner import Target, calibrate, cpu_target, cuda_target
-from advisor.calibration.suite import load_suite
+from advisor.calibration.suite import Suite, load_suite
 from advisor.cli.format import duration, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
@@ -99,7 +99,7 @@ def _show(target: Target, as_json: bool) -> int:
     return 0
 
 
-def _measure(target: Target, suite, quick: bool, as_json: bool) -> int:
+def _measure(target: Target, suite: Suite, quick: bool, as_json: bool) -> int:
     previous = load_profile(target.device, target.fingerprint)
     bar = ProgressBar(f"calibrating {target.device}{' (quick)' if quick else ''}")
     try:
