@@ -15,7 +15,7 @@ from advisor.calibration.curves import Curve, Fit
 from advisor.calibration.peaks import DTYPES, gpu_peaks
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.suite import COMPUTE_OPS, MEMORY_OPS
-from advisor.errors import UserError
+from advisor.hardware.loader import HwdbError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.paths import shipped_dir
 
@@ -24,12 +24,9 @@ FAMILY_KEYS = {"id", "name", "applies_to", "compute", "compute_ops", "memory", "
 APPLIES_KEYS = {"architectures", "memory", "gpu_ids"}
 
 
-class ReferenceError(UserError):
-    """A malformed reference calibration file: names the file, the entry and the key."""
-
-    def __init__(self, path: Path, message: str, entry: str | None = None, key: str | None = None) -> None:
-        where = str(path) + (f": entry {entry}" if entry else "") + (f", key '{key}'" if key else "")
-        super().__init__(f"{where}: {message}")
+class ReferenceError(HwdbError):
+    """A malformed reference calibration file: names the file, the entry and the key, as the hardware
+    database's errors do."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +52,10 @@ class AppliesTo:
 
     def to_dict(self) -> dict[str, Any]:
         return {"architectures": list(self.architectures), "memory": self.memory, "gpu_ids": list(self.gpu_ids)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AppliesTo:
+        return cls(tuple(data.get("architectures") or ()), data.get("memory"), tuple(data.get("gpu_ids") or ()))
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,7 @@ def _default_family(path: Path, raw: dict[str, Any], common: dict[str, Any], sou
     return Family(
         id=entry,
         name=str(raw["name"]),
-        applies_to=AppliesTo(tuple(applies.get("architectures") or ()), applies.get("memory"),
-                             tuple(applies.get("gpu_ids") or ())),
+        applies_to=AppliesTo.from_dict(applies),
         origin=str(path),
         compute=compute,
         compute_ops=compute_ops,
@@ -178,8 +178,7 @@ def _measured_family(path: Path) -> Family:
     return Family(
         id=path.stem,
         name=profile.device_name,
-        applies_to=AppliesTo(tuple(applies.get("architectures") or ()), applies.get("memory"),
-                             tuple(applies.get("gpu_ids") or ())),
+        applies_to=AppliesTo.from_dict(applies),
         origin=str(path),
         compute={},
         compute_ops={},

@@ -207,9 +207,7 @@ def build_profile(target: Target, results: list[_Result], skipped: list[tuple[Ca
                      f"{sustained / 1e9:.1f} GB/s (no theoretical figure known)")
     overheads = {r.case.variant: r.sample.seconds for r in results if r.case.op == "launch"}
     series: list[SeriesProfile] = []
-    keys = sorted({r.case.series for r in results if r.case.op != "launch"},
-                  key=lambda key: [r.case.series for r in results].index(key))
-    for key in keys:
+    for key in dict.fromkeys(r.case.series for r in results if r.case.op != "launch"):  # in run order
         points = [r for r in results if r.case.series == key]
         op, dtype = points[0].case.op, points[0].case.dtype
         reasons = tuple(Skipped(case.label, reason) for case, reason in skipped if case.series == key)

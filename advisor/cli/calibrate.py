@@ -181,7 +181,9 @@ def render_calibration(profile: CalibrationProfile, path: str | None = None) -> 
 
 def _references(db: HardwareDB, as_json: bool) -> int:
     families = load_families(db)
-    covered = {family.id: [g.id for g in db.gpus if family_for(g, families).id == family.id] for family in families}
+    covered: dict[str, list[str]] = {family.id: [] for family in families}
+    for gpu in db.gpus:
+        covered[family_for(gpu, families).id].append(gpu.id)
     if as_json:
         print(json.dumps([{
             "id": f.id, "name": f.name, "status": "measured" if f.measured else "default",
