@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 SAMPLE_UNIT = "sequences"
 BATCH_SIZE = 32
+TRAIN_SAMPLES = 87_599  # SQuAD v1.1 training questions (a few more features once long contexts are split)
 
 
 @dataclass(frozen=True)

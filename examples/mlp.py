@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 SAMPLE_UNIT = "images"
 BATCH_SIZE = 64
+TRAIN_SAMPLES = 60_000  # MNIST training images
 HIDDEN = 1024
 
 

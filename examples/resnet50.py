@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 SAMPLE_UNIT = "images"
 BATCH_SIZE = 32
+TRAIN_SAMPLES = 1_281_167  # ImageNet-1k training images
 IMAGE_SIZE = 224
 NUM_CLASSES = 1000
 LAYERS = (3, 4, 6, 3)

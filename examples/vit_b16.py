@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 SAMPLE_UNIT = "images"
 BATCH_SIZE = 32
+TRAIN_SAMPLES = 1_281_167  # ImageNet-1k training images
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from advisor import __version__
-from advisor.cli import calibrate, gpus, memory, profile
+from advisor.cli import calibrate, estimate, gpus, memory, profile
 from advisor.errors import UserError
 from advisor.hardware.loader import load_hwdb
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    estimate.add_parser(subparsers, [common])
     gpus.add_parser(subparsers, [common])
     profile.add_parser(subparsers, [common])
     memory.add_parser(subparsers, [common])

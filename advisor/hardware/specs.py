@@ -252,6 +252,12 @@ class HardwareDB:
         assert found is not None, "the database has no 'default' memory overhead (hwdb/memory-overhead.yaml)"
         return found
 
+    def memory_overhead_default(self) -> MemoryOverhead:
+        """The `default` memory overhead (a GPU of no known architecture)."""
+        found = next((o for o in self.memory_overheads if o.architecture == "default"), None)
+        assert found is not None, "the database has no 'default' memory overhead (hwdb/memory-overhead.yaml)"
+        return found
+
     def has(self, gpu_id: str) -> bool:
         return gpu_id in self._by_id
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from advisor.hardware.specs import GPUSpec, MemoryOverhead
+from advisor.hardware.specs import MemoryOverhead
 from advisor.memory.allocator import MIN_BLOCK, replay
 from advisor.profile.live_memory import CATEGORIES
 from advisor.profile.trace import StepTrace
@@ -134,9 +134,19 @@ class DeviceMemory:
         return asdict(self)
 
 
+class MemoryDevice(Protocol):
+    """What the memory model needs of a device: its id and capacity (a GPUSpec, or a local device)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def memory_bytes(self) -> int: ...
+
+
 def device_memory(
     step: StepMemory,
-    gpu: GPUSpec,
+    gpu: MemoryDevice,
     overhead: MemoryOverhead,
     batch_model: BatchMemoryModel | None = None,
     cuda_context_bytes: int | None = None,

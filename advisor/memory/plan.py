@@ -83,6 +83,18 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
                                accumulate_gradients=settings.accumulate_gradients)
 
 
+def step_memory(model: ModelFile, settings: MemorySettings, trace: StepTrace,
+                progress: Callable[[str], None] = lambda message: None) -> tuple[StepMemory, BatchMemoryModel]:
+    """The step's device-independent memory from `trace` (at the settings' batch), and its line
+    against batch size from a second trace at twice the batch."""
+    batch = settings.traced_batch
+    assert trace.batch_size == batch, "the trace must be of the settings' batch"
+    progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
+    second = trace_for_memory(model, settings, 2 * batch)
+    step = StepMemory.of_trace(trace)
+    return step, BatchMemoryModel(step, StepMemory.of_trace(second))
+
+
 def plan_memory(
     model: ModelFile,
     db: HardwareDB,
@@ -97,11 +109,7 @@ def plan_memory(
     if trace is None:
         progress(f"tracing a training step of {model.source} at batch {batch}")
         trace = trace_for_memory(model, settings, batch)
-    assert trace.batch_size == batch, "the trace must be of the settings' batch"
-    progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
-    second = trace_for_memory(model, settings, 2 * batch)
-    step = StepMemory.of_trace(trace)
-    batch_model = BatchMemoryModel(step, StepMemory.of_trace(second))
+    step, batch_model = step_memory(model, settings, trace, progress)
     results = tuple(device_memory(step, gpu, db.memory_overhead(gpu), batch_model, settings.cuda_context_bytes)
                     for gpu in gpus)
     return MemoryPlan(model.name, trace.params, settings, step, batch_model, results,

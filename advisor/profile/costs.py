@@ -35,6 +35,9 @@ class OpCost:
     """False when the registry has no formula for this op (its FLOPs are unknown, 0 here)."""
     dtypes: tuple[str, ...] = ()
     """dtypes of the tensors it reads, sorted ("float32", "bfloat16")."""
+    gemm: tuple[int, int, int, int] | None = None
+    """(batch, m, n, k) of the matrix product a matmul-class op amounts to (implicit GEMM for a
+    convolution, per head for attention): how its work splits into tiles over a GPU's SMs."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,24 @@ class _Entry:
 
 REGISTRY: dict[Any, _Entry] = {}
 """aten OpOverloadPacket -> formula."""
+
+GemmShape = tuple[int, int, int, int]
+ShapeFormula = Callable[[tuple, dict, Any], GemmShape]
+"""(positional args, every argument by its schema name, output) -> (batch, m, n, k)."""
+
+GEMM_SHAPES: dict[Any, ShapeFormula] = {}
+"""aten OpOverloadPacket -> the (batch, m, n, k) matrix product its work amounts to."""
+
+
+def register_shape(*ops: Any) -> Callable[[ShapeFormula], ShapeFormula]:
+    """Decorator: the function gives the GEMM shape of these matmul-class ops."""
+
+    def decorate(formula: ShapeFormula) -> ShapeFormula:
+        for op in ops:
+            GEMM_SHAPES[op] = formula
+        return formula
+
+    return decorate
 
 
 def register(*ops: Any, matmul: bool = False) -> Callable[[FlopFormula], FlopFormula]:
@@ -103,6 +124,28 @@ def baddbmm_flops(args: tuple, named: dict, out: Any) -> float:
     return bmm_flops(args[1:], named, out)
 
 
+@register_shape(aten.mm)
+def mm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    (m, k), n = args[0].shape, args[1].shape[1]
+    return 1, int(m), int(n), int(k)
+
+
+@register_shape(aten.addmm)
+def addmm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    return mm_shape(args[1:], named, out)
+
+
+@register_shape(aten.bmm)
+def bmm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    (b, m, k), n = args[0].shape, args[1].shape[2]
+    return int(b), int(m), int(n), int(k)
+
+
+@register_shape(aten.baddbmm)
+def baddbmm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    return bmm_shape(args[1:], named, out)
+
+
 def conv_flops(x_shape, w_shape, out_shape, transposed: bool) -> float:
     """2 * batch * spatial * C_out * (C_in / groups) * kernel, where spatial is the output's
     positions (the input's for a transposed convolution). w is [C_out, C_in/groups, *kernel]
@@ -122,6 +165,31 @@ def conv_flops(x_shape, w_shape, out_shape, transposed: bool) -> float:
 def convolution_flops(args: tuple, named: dict, out: Any) -> float:
     transposed = bool(named.get("transposed", False))
     return conv_flops(named["input"].shape, named["weight"].shape, _first_tensor(out).shape, transposed)
+
+
+def conv_shape(x_shape, w_shape, out_shape, transposed: bool, groups: int) -> GemmShape:
+    """Implicit GEMM of a convolution, per group: m = batch x output positions, n = output channels
+    of the group, k = input channels of the group x kernel positions (input and output swap roles
+    for a transposed convolution)."""
+    kernel = _numel(w_shape[2:])
+    if transposed:
+        m = x_shape[0] * _numel(x_shape[2:])
+        return int(groups), int(m), int(w_shape[1]), int(w_shape[0] // groups * kernel)
+    m = out_shape[0] * _numel(out_shape[2:])
+    return int(groups), int(m), int(w_shape[0] // groups), int(w_shape[1] * kernel)
+
+
+@register_shape(*_ops("convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"))
+def convolution_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    return conv_shape(named["input"].shape, named["weight"].shape, _first_tensor(out).shape,
+                      bool(named.get("transposed", False)), int(named.get("groups", 1) or 1))
+
+
+@register_shape(aten.convolution_backward)
+def convolution_backward_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    """The forward's GEMM: grad_input and grad_weight are products of the same three sizes."""
+    return conv_shape(named["input"].shape, named["weight"].shape, named["grad_output"].shape,
+                      bool(named["transposed"]), int(named.get("groups", 1) or 1))
 
 
 @register(aten.convolution_backward, matmul=True)
@@ -163,6 +231,13 @@ SDPA_KERNELS = (
 def sdpa_forward_flops(args: tuple, named: dict, out: Any) -> float:
     causal = bool(named.get("is_causal", False))
     return attention_flops(named["query"].shape, named["key"].shape, named["value"].shape, causal)
+
+
+@register_shape(*_ops(*SDPA_KERNELS), *_ops(*(f"{name}_backward" for name in SDPA_KERNELS)))
+def sdpa_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    """q k^T per head: batch x heads products of s_q x s_k over the head dimension."""
+    *batch, s_q, d = named["query"].shape
+    return _numel(batch), int(s_q), int(named["key"].shape[-2]), int(d)
 
 
 @register(*_ops(*(f"{name}_backward" for name in SDPA_KERNELS)), matmul=True)
@@ -288,10 +363,13 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     outputs = tree_flatten(out)[0]
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
-    flops, matmul, counted = 0.0, False, True
+    flops, matmul, counted, gemm = 0.0, False, True, None
     entry = REGISTRY.get(packet)
     if entry is not None:
-        flops, matmul = float(entry.formula(args, named_arguments(func, args, kwargs or {}), out)), entry.matmul
+        named = named_arguments(func, args, kwargs or {})
+        flops, matmul = float(entry.formula(args, named, out)), entry.matmul
+        shape = GEMM_SHAPES.get(packet)
+        gemm = None if shape is None else shape(args, named, out)
     elif packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
         pass
     elif torch.Tag.pointwise in func.tags:
@@ -302,7 +380,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         counted = False
     if not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
         written = _tensor_bytes(tree_flatten(args[0])[0])
-    return OpCost(flops, read, written, matmul, counted, dtypes)
+    return OpCost(flops, read, written, matmul, counted, dtypes, gemm)
 
 
 def _foreach_flops(args: tuple, outputs: list[Any]) -> float:

@@ -5,6 +5,7 @@
     def loss_fn(output, inputs) -> Tensor       # optional
     SAMPLE_UNIT = "images"                      # optional
     BATCH_SIZE = 32                             # optional (an extension): the usual training batch
+    TRAIN_SAMPLES = 1_281_167                   # optional (an extension): samples in one epoch
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class ModelFile:
     sample_unit: str
     batch_size: int | None = None
     """The file's optional BATCH_SIZE: the batch it is usually trained with."""
+    train_samples: int | None = None
+    """The file's optional TRAIN_SAMPLES: samples in one epoch of its usual dataset."""
 
     @property
     def source(self) -> str:
@@ -137,4 +140,9 @@ def load_model_file(spec: str | None) -> ModelFile:
     batch_size = getattr(module, "BATCH_SIZE", None)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise UserError(f"{source}: BATCH_SIZE must be a positive integer, got {batch_size!r}")
-    return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size)
+    train_samples = getattr(module, "TRAIN_SAMPLES", None)
+    if train_samples is not None and (isinstance(train_samples, bool) or not isinstance(train_samples, int)
+                                      or train_samples < 1):
+        raise UserError(f"{source}: TRAIN_SAMPLES must be a positive integer, got {train_samples!r}")
+    return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size,
+                     train_samples)

@@ -74,6 +74,8 @@ class OpRecord:
     dtypes: tuple[str, ...]
     matmul: bool
     counted: bool
+    gemm: tuple[int, int, int, int] | None = None
+    """(batch, m, n, k) of a matmul-class op (costs.OpCost.gemm)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,7 +220,7 @@ class _Recorder(TorchDispatchMode):
         if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
             self.records.append(
                 OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
-                         cost.bytes_written, cost.dtypes, cost.matmul, cost.counted)
+                         cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm)
             )
         return out
 

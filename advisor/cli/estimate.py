@@ -1,0 +1,285 @@
+"""`advisor estimate [MODEL.py]`: the ranked table of devices (fits, memory, step time, throughput,
+time-to-train, cloud cost, purchase), or PRODUCT.md's JSON with --json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+
+from advisor import units
+from advisor.calibration.reference import load_families
+from advisor.cli.calibrate import ProgressBar
+from advisor.cli.format import count, duration, si
+from advisor.cli.memory import add_memory_arguments, settings_from_arguments
+from advisor.cli.profile import add_model_arguments, positive_int, progress
+from advisor.cli.table import Column, render_table
+from advisor.errors import UserError, did_you_mean
+from advisor.estimate.costs import DEFAULT_SAMPLES, Job
+from advisor.estimate.plan import DeviceEstimate, Estimate, EstimateSettings, estimate_model
+from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
+from advisor.hardware.specs import HardwareDB
+from advisor.profile.model_file import ModelFile, load_model_file
+from advisor.profile.profiler import default_batch_size
+
+SORT_KEYS = ("time", "cost", "throughput", "memory", "name")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "estimate",
+        parents=parents,
+        help="training time, memory and cost of a model on every GPU (and this machine), ranked",
+        description="Trace MODEL's training step on fake tensors, time every op on every device from its "
+                    "peaks and calibration, check memory, and turn the step into time-to-train and money. "
+                    "Without MODEL it runs the built-in resnet50 example.",
+    )
+    add_model_arguments(parser)
+    add_memory_arguments(parser)
+    parser.add_argument("--local", action="store_true",
+                        help="add this machine's devices (local-cpu, local-cudaN), timed from the local calibration "
+                             "(a quick one is measured and cached when none is)")
+    job = parser.add_argument_group("job (default: the model file's TRAIN_SAMPLES, else "
+                                    f"{DEFAULT_SAMPLES:,} samples, x 1 epoch)")
+    job.add_argument("--samples", type=positive_int, metavar="N", help="samples in one epoch")
+    job.add_argument("--epochs", type=positive_float, metavar="E", help="passes over the samples (default 1)")
+    job.add_argument("--steps", type=positive_int, metavar="N", help="optimizer steps instead of samples x epochs")
+    parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
+    parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
+    parser.add_argument("--sort", choices=SORT_KEYS, default="time",
+                        help="table order among devices that fit (default time-to-train); the rest follow")
+    parser.add_argument("--top-ops", type=int, default=10, metavar="N", help="ops per device in --json (default 10)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output (PRODUCT.md schema)")
+    parser.set_defaults(run=run)
+
+
+def job_from_arguments(args: argparse.Namespace, model: ModelFile) -> Job:
+    if args.steps is not None:
+        if args.samples is not None or args.epochs is not None:
+            raise UserError("give either --steps or --samples/--epochs, not both")
+        return Job(steps=args.steps)
+    if args.samples is not None:
+        return Job(samples=args.samples, epochs=args.epochs or 1.0)
+    epochs = args.epochs or 1.0
+    if model.train_samples is not None:
+        return Job(samples=model.train_samples, epochs=epochs, origin="model file's TRAIN_SAMPLES")
+    return Job(samples=DEFAULT_SAMPLES, epochs=epochs, origin="default; set --samples/--epochs or --steps")
+
+
+def _check_provider(db: HardwareDB, provider: str | None) -> None:
+    if provider is not None and provider not in db.providers():
+        raise UserError(f"unknown provider '{provider}'{did_you_mean(provider, db.providers())}; "
+                        f"known: {', '.join(db.providers())}")
+
+
+def _filter_provider(db: HardwareDB, provider: str | None) -> HardwareDB:
+    """The database with only `provider`'s offers."""
+    if provider is None:
+        return db
+    from dataclasses import replace
+
+    return replace(db, offers=tuple(o for o in db.offers if o.provider == provider), _by_id={})
+
+
+def build_targets(args: argparse.Namespace, db: HardwareDB) -> list[EstimateTarget]:
+    families = load_families(db)
+    gpus = [db.gpu(gpu_id) for gpu_id in args.gpu] or list(db.gpus)
+    targets = database_targets(db, gpus, families)
+    if args.local:
+        bar = ProgressBar("calibrating this machine") if sys.stderr.isatty() else None
+        try:
+            targets = local_targets(db, families, lambda m: print(f"advisor: {m}", file=sys.stderr), bar) + targets
+        finally:
+            if bar is not None:
+                bar.close()
+    return targets
+
+
+def run(args: argparse.Namespace, db: HardwareDB) -> int:
+    if args.top_ops < 0:
+        raise UserError(f"--top-ops must be 0 or more, got {args.top_ops}")
+    _check_provider(db, args.provider)
+    db = _filter_provider(db, args.provider)
+    targets = build_targets(args, db)
+    model = load_model_file(args.model)
+    job = job_from_arguments(args, model)
+    memory = settings_from_arguments(args, args.batch_size or default_batch_size(model))
+    settings = EstimateSettings(memory, job, args.spot)
+    estimate = estimate_model(model, db, targets, settings, progress=progress)
+    if args.json:
+        print(json.dumps(estimate.to_dict(args.top_ops), indent=2))
+    else:
+        width = shutil.get_terminal_size((160, 40)).columns if sys.stdout.isatty() else None
+        print(render_estimate(estimate, args.sort, width))
+    if not estimate.fitting:
+        raise UserError(fits_nowhere_message(estimate))
+    return 0
+
+
+def fits_nowhere_message(estimate: Estimate) -> str:
+    """One sentence: what the model needs, the largest device, and what to change."""
+    biggest = max(estimate.results, key=lambda r: r.memory.capacity_bytes)
+    settings = estimate.settings.memory
+    fix = "--precision amp-bf16, --checkpointing, or a smaller --batch-size"
+    if biggest.memory.max_batch_size:
+        fix = f"--batch-size {biggest.memory.max_batch_size} or less (on {biggest.id}), --checkpointing, or amp-bf16"
+    return (f"{estimate.model.name} does not fit on any of the {len(estimate.results)} devices at batch "
+            f"{settings.batch_size} ({settings.precision}, {settings.optimizer}): it needs "
+            f"{gib(biggest.memory.peak_bytes)} GiB, the largest ({biggest.id}) has {gib(biggest.memory.capacity_bytes)} "
+            f"GiB; try {fix}")
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / units.GIB:.1f}"
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def _hours(seconds: float) -> str:
+    """Time-to-train in the unit a person plans with."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def sort_results(estimate: Estimate, key: str) -> list[DeviceEstimate]:
+    """Devices that fit in the order asked for, then the rest as ranked (closest to fitting first)."""
+    fitting = estimate.fitting
+    spot = estimate.settings.spot
+    orders = {
+        "time": lambda r: (r.time_to_train_s, r.id),
+        "cost": lambda r: (r.job_cost_usd(spot) is None, r.job_cost_usd(spot) or 0.0, r.time_to_train_s),
+        "throughput": lambda r: (-r.throughput, r.id),
+        "memory": lambda r: (-r.memory.capacity_bytes, r.id),
+        "name": lambda r: r.id,
+    }
+    return sorted(fitting, key=orders[key]) + [r for r in estimate.results if not r.fits]
+
+
+COLUMNS = [
+    Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True),
+    Column("Step", True), Column("Samples/s", True), Column("Train", True), Column("Bound"),
+    Column("Cheapest cloud"), Column("Job $", True), Column("Spot $", True), Column("Buy $", True), Column("Calib"),
+]
+
+
+def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[str]:
+    memory = f"{gib(result.memory.peak_bytes)}/{gib(result.memory.capacity_bytes)}"
+    max_batch = "-" if result.memory.max_batch_size is None else str(result.memory.max_batch_size)
+    gpu = result.target.gpu
+    buy = _money(gpu.purchase_usd) if gpu is not None else "-"
+    calibration = result.target.calibration
+    if not result.fits:
+        short = f"does not fit: {gib(result.memory.missing_bytes)} GiB short"
+        return ["", result.id, memory, max_batch, short, "", "", "", "", "", "", buy, calibration]
+    offer = result.cheapest(spot_ranked)
+    where = "-" if offer is None else f"{offer.provider} {offer.usd_per_hour:.2f}/h"
+    if offer is not None and offer.gpus_per_instance > 1:
+        where += f" ({offer.gpus_per_instance}x)"
+    cheapest_spot = result.cheapest(spot=True)
+    return [
+        str(rank), result.id, memory, max_batch, duration(result.step_time_s), f"{result.throughput:,.1f}",
+        _hours(result.time_to_train_s), result.step.bound, where, _money(result.job_cost_usd()),
+        _money(None if cheapest_spot is None else cheapest_spot.spot_cost_usd), buy, calibration,
+    ]
+
+
+def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | None = None) -> str:
+    trace, settings, model = estimate.trace, estimate.settings, estimate.model
+    memory = settings.memory
+    unit = model.sample_unit
+    batch = f"batch {memory.batch_size}"
+    if memory.accumulate_gradients:
+        batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
+    options = ", activation checkpointing" if memory.checkpointing else ""
+    rows = []
+    ordered = sort_results(estimate, sort)
+    for rank, result in enumerate(ordered, 1):
+        rows.append(_row(rank if result.fits else None, result, settings.spot))
+    table = render_table(COLUMNS, rows)
+    if max_width is not None and max(len(line) for line in table.splitlines()) > max_width:
+        keep = [i for i, c in enumerate(COLUMNS) if c.header not in ("Max bs", "Spot $", "Calib")]
+        table = render_table([COLUMNS[i] for i in keep], [[row[i] for i in keep] for row in rows])
+    lines = [
+        f"Model: {model.name} ({model.source}), {count(trace.params)} parameters, "
+        f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)",
+        f"Settings: {batch}, {memory.precision}, {memory.optimizer}{options}; "
+        f"job: {settings.job.describe(memory.batch_size, unit)}",
+        _calibration_line(estimate),
+        "Peak/Mem: peak training memory / device memory (GiB = 2^30 bytes); Step: one optimizer step; "
+        "Job $: on demand, per GPU-hour x hours (one GPU's share of a multi-GPU instance, marked Nx); "
+        "Buy $: card price",
+        "",
+        table,
+        "",
+        *_summary(estimate),
+    ]
+    return "\n".join(lines)
+
+
+def _calibration_line(estimate: Estimate) -> str:
+    defaults = sum(1 for r in estimate.results if r.target.calibration == "default")
+    measured = [r.id for r in estimate.results if r.target.calibration == "measured"]
+    parts = []
+    if defaults:
+        parts.append(f"{defaults} devices use the documented default calibration of their GPU family "
+                     "(`advisor calibrate --references`; no measurement of that GPU)")
+    if measured:
+        parts.append(f"measured: {', '.join(measured)}")
+    notes = [f"{r.id}: {r.target.note}" for r in estimate.results if r.target.note]
+    return "Calibration: " + "; ".join(parts + notes)
+
+
+def _summary(estimate: Estimate) -> list[str]:
+    spot = estimate.settings.spot
+    lines = []
+    by_time, by_cost, pareto = estimate.by_time(), estimate.by_cost(), estimate.pareto()
+    if by_time:
+        best = by_time[0]
+        lines.append(f"Fastest: {best.id}, {_hours(best.time_to_train_s)} ({best.step.bound}-bound)")
+    if by_cost:
+        best = by_cost[0]
+        offer = best.cheapest(spot)
+        assert offer is not None
+        kind = "spot" if spot else "on demand"
+        lines.append(f"Cheapest to rent ({kind}): {best.id} on {offer.provider} {offer.instance}, "
+                     f"{_money(best.job_cost_usd(spot))} USD in {_hours(best.time_to_train_s)}")
+    if pareto:
+        lines.append("Best time/cost trade-offs (Pareto): " + ", ".join(
+            f"{r.id} ({_hours(r.time_to_train_s)}, {_money(r.job_cost_usd(spot))} USD)" for r in pareto))
+    owned = [r for r in estimate.fitting if r.owning is not None]
+    if owned:
+        best = min(owned, key=lambda r: (r.owning.purchase_usd / r.throughput, r.id))  # type: ignore[union-attr]
+        owning = best.owning
+        assert owning is not None
+        line = (f"Best value to buy: {best.id}, {_money(owning.purchase_usd)} USD for {best.throughput:,.1f} "
+                f"{estimate.model.sample_unit}/s")
+        if owning.break_even_hours is not None:
+            line += (f"; pays off against renting it after {owning.break_even_hours:,.0f} h of training "
+                     f"({owning.break_even_jobs:,.1f} such jobs)")
+        lines.append(line)
+    short = [r for r in estimate.results if not r.fits]
+    if short:
+        lines.append(f"Does not fit: {len(short)} of {len(estimate.results)} devices (missing memory in the table)")
+    return lines

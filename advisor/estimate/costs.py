@@ -1,0 +1,144 @@
+"""Money: the training job's length, cloud rental per offer (on demand and spot), and owning the card
+(purchase plus electricity) with the break-even point against renting. Seconds, USD, watts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from advisor.hardware.specs import CloudOffer, GPUSpec
+
+SECONDS_PER_HOUR = 3600.0
+DEFAULT_SAMPLES = 1_000_000
+"""The job when neither the command line nor the model file (TRAIN_SAMPLES) gives one: one epoch of a
+million samples, a round figure to compare devices by; the output says it is the default."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """How much training: `samples` x `epochs`, or a number of optimizer `steps`."""
+
+    samples: int | None = None
+    epochs: float | None = None
+    steps: int | None = None
+    origin: str = "command line"
+    """Where it came from: "command line", "model file (TRAIN_SAMPLES)" or "default"."""
+
+    def __post_init__(self) -> None:
+        assert (self.steps is None) != (self.samples is None), "a job is samples x epochs or steps"
+        assert self.steps is None or self.steps > 0
+        assert self.samples is None or (self.samples > 0 and self.epochs is not None and self.epochs > 0)
+
+    def steps_for(self, batch_size: int) -> int:
+        """Optimizer steps at `batch_size` samples per step (the last partial batch counts as a step).
+
+        # 1,000 samples x 2 epochs at batch 64: ceil(2000 / 64) = 32 steps
+        """
+        if self.steps is not None:
+            return self.steps
+        assert self.samples is not None and self.epochs is not None
+        return math.ceil(self.samples * self.epochs / batch_size)
+
+    def describe(self, batch_size: int, unit: str) -> str:
+        if self.steps is not None:
+            return f"{self.steps:,} steps of {batch_size} {unit} ({self.origin})"
+        epochs = f"{self.epochs:g} epoch{'s' if self.epochs != 1 else ''}"
+        return f"{self.samples:,} {unit} x {epochs} = {self.steps_for(batch_size):,} steps of {batch_size} ({self.origin})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CloudCost:
+    """The job rented from one offer. Prices per GPU-hour; the job uses one GPU, so on an instance
+    with several the cost is one GPU's share (what the same GPU-hours cost spread over all of them)."""
+
+    provider: str
+    instance: str
+    region: str
+    gpus_per_instance: int
+    usd_per_hour: float
+    spot_usd_per_hour: float | None
+    cost_usd: float
+    spot_cost_usd: float | None
+    source: str
+    price_date: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Buying the card: its price, electricity for the job at its board power, and when buying pays
+    off against the cheapest on-demand rental of the same GPU."""
+
+    purchase_usd: float
+    power_watts: float | None
+    electricity_usd_per_kwh: float
+    electricity_usd: float | None
+    """Electricity of the job: board power x job hours x price (None without a power figure)."""
+    total_usd: float
+    """Purchase plus the job's electricity."""
+    break_even_hours: float | None
+    """Training hours after which owning costs less than renting at the cheapest on-demand rate:
+    purchase / (rent per hour - electricity per hour). None without an offer, or where electricity
+    costs more per hour than renting."""
+    break_even_jobs: float | None
+    """break_even_hours in runs of this job."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cloud_costs(offers: Sequence[CloudOffer], hours: float) -> list[CloudCost]:
+    """The job on each offer, cheapest on demand first.
+
+    # 10 h at 2.00 USD/GPU-hour on demand, 0.80 spot: 20.00 USD and 8.00 USD
+    """
+    costs = [
+        CloudCost(o.provider, o.instance, o.region, o.gpus_per_instance, o.usd_per_gpu_hour, o.spot_usd_per_gpu_hour,
+                  hours * o.usd_per_gpu_hour,
+                  None if o.spot_usd_per_gpu_hour is None else hours * o.spot_usd_per_gpu_hour,
+                  o.source, o.date.isoformat())
+        for o in offers
+    ]
+    return sorted(costs, key=lambda c: (c.cost_usd, c.provider, c.instance))
+
+
+def electricity_usd(power_watts: float, hours: float, usd_per_kwh: float) -> float:
+    """# 450 W for 10 h at 0.17 USD/kWh: 0.45 kW x 10 h x 0.17 = 0.765 USD"""
+    return power_watts / 1000.0 * hours * usd_per_kwh
+
+
+def ownership(gpu: GPUSpec, hours: float, usd_per_kwh: float, cheapest_rent_usd_per_hour: float | None,
+              ) -> Ownership | None:
+    """Owning `gpu` for a job of `hours`; None when the database has no price for it."""
+    purchase = gpu.purchase_usd
+    if purchase is None:
+        return None
+    power = gpu.tdp_watts
+    electricity = None if power is None else electricity_usd(power, hours, usd_per_kwh)
+    break_even = None
+    if cheapest_rent_usd_per_hour is not None:
+        per_hour = electricity_usd(power, 1.0, usd_per_kwh) if power is not None else 0.0
+        if cheapest_rent_usd_per_hour > per_hour:
+            break_even = purchase / (cheapest_rent_usd_per_hour - per_hour)
+    return Ownership(purchase, power, usd_per_kwh, electricity, purchase + (electricity or 0.0), break_even,
+                     None if break_even is None or hours <= 0 else break_even / hours)
+
+
+def pareto_front(points: Sequence[tuple[str, float, float]]) -> list[str]:
+    """Ids of the points no other point beats on both axes (time, cost): lower is better on each.
+
+    # (a, 1, 9), (b, 2, 5), (c, 3, 6), (d, 4, 1): c is dominated by b; the front is a, b, d
+    """
+    front = []
+    for name, time, cost in points:
+        dominated = any(t <= time and c <= cost and (t < time or c < cost) for _, t, c in points)
+        if not dominated:
+            front.append(name)
+    return front

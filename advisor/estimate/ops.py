@@ -1,0 +1,153 @@
+"""How one traced op maps onto a device's calibration: which calibrated series times it, in which
+math dtype, and how well its matrix product fills the device's SMs.
+
+The series names are those of the calibration suite (calibration/suite.yaml): compute ops "gemm",
+"conv", "conv_backward"; memory ops "copy", "scale", "triad", "reduction", "add", "gelu",
+"layer_norm", "softmax". Every aten op of a training step is timed by one of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from advisor.profile.trace import OpRecord
+
+CONVOLUTIONS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"})
+CONVOLUTION_BACKWARD = frozenset({"convolution_backward"})
+
+NORMS = frozenset({
+    "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
+    "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training", "_fused_rms_norm", "_fused_rms_norm_backward",
+    "cudnn_batch_norm", "cudnn_batch_norm_backward", "batch_norm_backward",
+})
+SOFTMAXES = frozenset({"_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
+                       "_log_softmax_backward_data"})
+REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "norm", "linalg_vector_norm", "var_mean", "var", "std",
+                        "max", "min", "argmax", "argmin", "nll_loss_forward", "nll_loss_backward"})
+TRANSCENDENTALS = frozenset({
+    "gelu", "gelu_backward", "silu", "silu_backward", "tanh", "tanh_backward", "sigmoid", "sigmoid_backward",
+    "erf", "exp", "log", "pow", "rsqrt", "sqrt", "sin", "cos", "softplus", "softplus_backward", "mish",
+    "mish_backward", "elu", "elu_backward", "hardswish", "hardswish_backward", "log_sigmoid_forward",
+    "log_sigmoid_backward", "reciprocal", "div",
+})
+FILLS = frozenset({"fill_", "zero_", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
+                   "new_ones", "new_full", "_foreach_zero_", "empty", "arange", "scalar_tensor"})
+
+MATH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+"""torch dtype names of low-precision tensor math -> calibration dtype."""
+
+DTYPE_FALLBACK = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32"}
+"""A device with no unit (and so no series) for a dtype runs it on the next: cuBLAS computes fp16 and
+bf16 products with fp32 accumulation on CUDA cores where there are no tensor cores (Pascal; bf16 on
+Volta and Turing), and TF32 is strict fp32 there."""
+
+SMALL_GROUP_CHANNELS = 8
+"""A convolution whose groups have fewer output or input channels than this (depthwise, and the
+grouped convolutions of MobileNets and ResNeXt's narrow stages) cannot feed tensor-core tiles: it
+runs on the vector units and its time is the longer of that and its memory traffic."""
+
+GEMM_TILES: tuple[tuple[int, int, float], ...] = (
+    (128, 128, 1.00),
+    (128, 64, 0.95),
+    (64, 64, 0.85),
+    (64, 32, 0.75),
+)
+"""Output tiles (rows, columns) a GPU library may pick for one thread block, with how close to the
+largest tile's per-SM rate each runs (smaller tiles reuse less data). An assumption in the spirit of
+CUTLASS's tile sizes and NVIDIA's "Matrix Multiplication Background" guide (waves and tile
+quantization); calibration curves carry the rest of the size dependence."""
+
+SPLIT_K_MIN_DEPTH = 512
+"""Each split of the reduction dimension keeps at least this many elements (split-K)."""
+
+
+@dataclass(frozen=True)
+class OpClass:
+    """How an op is timed: a compute op (FLOPs against a FLOP/s series, roofline with bandwidth) or a
+    memory op (bytes against a bandwidth series), the series and the math dtype."""
+
+    series: str
+    dtype: str
+    compute: bool
+    vector: bool = False
+    """A compute op that runs on vector units (no tensor-core tiles): timed at the fp32 peak."""
+
+
+def math_dtype(record: OpRecord, precision: str) -> str:
+    """Calibration dtype of an op's math: fp16/bf16 when it reads such tensors; fp32 ops run as TF32
+    under the tf32 precision (torch's allow_tf32 switches)."""
+    for name, dtype in MATH_DTYPES.items():
+        if name in record.dtypes:
+            return dtype
+    return "tf32" if precision == "tf32" else "fp32"
+
+
+def storage_dtype(record: OpRecord) -> str:
+    """Calibration dtype of a memory op: the widest float it reads (fp32 unless it reads only halves)."""
+    if "float32" in record.dtypes or not record.dtypes:
+        return "fp32"
+    return next((dtype for name, dtype in MATH_DTYPES.items() if name in record.dtypes), "fp32")
+
+
+def memory_series(op: str) -> str:
+    """The calibrated memory op whose bandwidth curve times `op`."""
+    if op in NORMS:
+        return "layer_norm"
+    if op in SOFTMAXES:
+        return "softmax"
+    if op in REDUCTIONS:
+        return "reduction"
+    if op in TRANSCENDENTALS:
+        return "gelu"
+    if op in FILLS:
+        return "scale"
+    if op.startswith("_foreach_") or op.startswith("_fused_"):
+        return "triad"
+    if op in ("add", "add_", "mul", "mul_", "sub", "sub_", "addcmul_", "addcdiv_", "lerp_", "where",
+              "threshold_backward", "relu", "relu_", "masked_fill", "masked_fill_"):
+        return "add"
+    return "copy"
+
+
+def is_small_group_conv(record: OpRecord) -> bool:
+    """A convolution with too few channels per group for tensor-core tiles (see SMALL_GROUP_CHANNELS)."""
+    if record.gemm is None or (record.op not in CONVOLUTIONS and record.op not in CONVOLUTION_BACKWARD):
+        return False
+    groups, _, n, k = record.gemm
+    return groups > 1 and min(n, k) < SMALL_GROUP_CHANNELS * 9 and n < 4 * SMALL_GROUP_CHANNELS
+
+
+def classify(record: OpRecord, precision: str) -> OpClass:
+    """Series and dtype that time `record` under `precision`."""
+    if record.matmul and record.flops > 0:
+        if record.op in CONVOLUTIONS:
+            series = "conv"
+        elif record.op in CONVOLUTION_BACKWARD:
+            series = "conv_backward"
+        else:
+            series = "gemm"
+        if is_small_group_conv(record):
+            return OpClass(series, "fp32", compute=True, vector=True)
+        return OpClass(series, math_dtype(record, precision), compute=True)
+    return OpClass(memory_series(record.op), storage_dtype(record), compute=False)
+
+
+def wave_efficiency(gemm: tuple[int, int, int, int], sm_count: int) -> float:
+    """Fraction of a GPU's SM time a (batch, m, n, k) matrix product uses, at the best tile choice:
+    its tiles run in waves of `sm_count`, the last wave partly idle, and tiles at the matrix edges
+    partly empty. A product with fewer tiles than SMs splits its reduction (split-K) when deep enough.
+
+    # m=n=4096 on 108 SMs, 128x128 tiles: 32*32 = 1024 tiles = 9.48 waves -> 1024 / (10*108) = 0.948
+    """
+    batch, m, n, k = gemm
+    assert sm_count > 0 and min(batch, m, n, k) > 0, (gemm, sm_count)
+    best = 0.0
+    for rows, columns, rate in GEMM_TILES:
+        tiles = batch * math.ceil(m / rows) * math.ceil(n / columns)
+        splits = max(1, min(sm_count // tiles, k // SPLIT_K_MIN_DEPTH)) if tiles < sm_count else 1
+        waves = math.ceil(tiles * splits / sm_count)
+        useful = batch * m * n / (tiles * rows * columns)
+        best = max(best, rate * useful * tiles * splits / (waves * sm_count))
+    return best

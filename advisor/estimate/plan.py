@@ -1,0 +1,231 @@
+"""The estimate: one traced step, then per device its memory, step time, time-to-train and money,
+ranked by time and by cost with the Pareto set of both. `estimate_model` is the Python API the CLI,
+the TUI and the report share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from advisor.estimate.costs import SECONDS_PER_HOUR, CloudCost, Job, Ownership, cloud_costs, ownership, pareto_front
+from advisor.estimate.step import StepTime, estimate_records
+from advisor.estimate.targets import EstimateTarget
+from advisor.hardware.specs import HardwareDB
+from advisor.memory.estimate import DeviceMemory, device_memory
+from advisor.memory.plan import MemorySettings, step_memory, trace_for_memory
+from advisor.profile.model_file import ModelFile
+from advisor.profile.trace import StepTrace
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    """One device: memory, step time, the job's length and its cost. Seconds, bytes, USD."""
+
+    target: EstimateTarget
+    memory: DeviceMemory
+    step: StepTime
+    batch_size: int
+    steps: int
+    cloud: tuple[CloudCost, ...]
+    owning: Ownership | None
+
+    @property
+    def id(self) -> str:
+        return self.target.id
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    @property
+    def step_time_s(self) -> float:
+        return self.step.step_s
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.batch_size / self.step.step_s
+
+    @property
+    def time_to_train_s(self) -> float:
+        return self.steps * self.step.step_s
+
+    def cheapest(self, spot: bool = False) -> CloudCost | None:
+        """The cheapest offer for the job, on demand or spot."""
+        if spot:
+            priced = [c for c in self.cloud if c.spot_cost_usd is not None]
+            return min(priced, key=lambda c: c.spot_cost_usd or 0.0, default=None)
+        return self.cloud[0] if self.cloud else None
+
+    def job_cost_usd(self, spot: bool = False) -> float | None:
+        offer = self.cheapest(spot)
+        if offer is None:
+            return None
+        return offer.spot_cost_usd if spot else offer.cost_usd
+
+    def to_dict(self, top_ops: int = 10) -> dict[str, Any]:
+        """PRODUCT.md's result object; times, throughput and costs are null where the model does not fit."""
+        fits = self.fits
+        gpu = self.target.gpu
+        return {
+            "gpu_id": self.id,
+            "gpu_name": self.target.name,
+            "local": self.target.local,
+            "fits": fits,
+            "peak_memory_bytes": self.memory.peak_bytes,
+            "memory_capacity_bytes": self.memory.capacity_bytes,
+            "missing_memory_bytes": self.memory.missing_bytes,
+            "memory": dict(self.memory.memory),
+            "max_batch_size": self.memory.max_batch_size,
+            "step_time_s": self.step_time_s if fits else None,
+            "throughput_samples_per_s": self.throughput if fits else None,
+            "steps": self.steps,
+            "time_to_train_s": self.time_to_train_s if fits else None,
+            "bound": self.step.bound if fits else None,
+            "time_breakdown_s": dict(self.step.by_bound) if fits else None,
+            "calibration": self.target.calibration,
+            "calibration_source": self.step.calibration_source,
+            "calibration_note": self.target.note,
+            "cloud": [c.to_dict() | ({} if fits else {"cost_usd": None, "spot_cost_usd": None}) for c in self.cloud],
+            "purchase_usd": None if gpu is None else gpu.purchase_usd,
+            "ownership": None if self.owning is None or not fits else self.owning.to_dict(),
+            "top_ops": self.step.top_ops(top_ops) if fits else [],
+        }
+
+
+@dataclass(frozen=True)
+class EstimateSettings:
+    """How the model is trained: MemorySettings (batch, precision, optimizer, checkpointing,
+    micro-batch) and the job."""
+
+    memory: MemorySettings
+    job: Job
+    spot: bool = False
+    """Rank cost by spot prices instead of on-demand."""
+
+    def to_dict(self) -> dict[str, Any]:
+        job = self.job
+        return {
+            "batch_size": self.memory.batch_size,
+            "precision": self.memory.precision,
+            "optimizer": self.memory.optimizer,
+            "samples": job.samples,
+            "epochs": job.epochs,
+            "steps": job.steps,
+            "job_origin": job.origin,
+            "checkpointing": self.memory.checkpointing,
+            "micro_batch": self.memory.micro_batch,
+            "spot": self.spot,
+        }
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The whole answer: the model, the settings and every device, best first."""
+
+    model: ModelFile = field(repr=False)
+    trace: StepTrace = field(repr=False)
+    settings: EstimateSettings
+    results: tuple[DeviceEstimate, ...]
+    electricity_usd_per_kwh: float
+
+    @property
+    def fitting(self) -> list[DeviceEstimate]:
+        return [r for r in self.results if r.fits]
+
+    def by_time(self) -> list[DeviceEstimate]:
+        """Devices the model fits on, fastest first."""
+        return sorted(self.fitting, key=lambda r: (r.time_to_train_s, r.id))
+
+    def by_cost(self) -> list[DeviceEstimate]:
+        """Devices the model fits on that can be rented, cheapest job first (spot with settings.spot)."""
+        spot = self.settings.spot
+        priced = [r for r in self.fitting if r.job_cost_usd(spot) is not None]
+        return sorted(priced, key=lambda r: (r.job_cost_usd(spot) or 0.0, r.time_to_train_s, r.id))
+
+    def pareto(self) -> list[DeviceEstimate]:
+        """Rentable devices no other beats on both time-to-train and cost, fastest first."""
+        spot = self.settings.spot
+        rented = self.by_cost()
+        front = set(pareto_front([(r.id, r.time_to_train_s, r.job_cost_usd(spot) or 0.0) for r in rented]))
+        return sorted((r for r in rented if r.id in front), key=lambda r: (r.time_to_train_s, r.id))
+
+    def result(self, device_id: str) -> DeviceEstimate:
+        return next(r for r in self.results if r.id == device_id)
+
+    def to_dict(self, top_ops: int = 10) -> dict[str, Any]:
+        trace = self.trace
+        return {
+            "model": {
+                "name": self.model.name,
+                "source": self.model.source,
+                "params": trace.params,
+                "forward_flops": trace.model_forward_flops(),
+                "train_step_flops": trace.flops(),
+                "train_step_bytes": trace.bytes_moved(),
+                "sample_unit": self.model.sample_unit,
+            },
+            "settings": self.settings.to_dict(),
+            "electricity_usd_per_kwh": self.electricity_usd_per_kwh,
+            "ranking": {
+                "by_time": [r.id for r in self.by_time()],
+                "by_cost": [r.id for r in self.by_cost()],
+                "pareto": [r.id for r in self.pareto()],
+            },
+            "results": [r.to_dict(top_ops) for r in self.results],
+        }
+
+
+def step_time(trace: StepTrace, settings: MemorySettings, target: EstimateTarget) -> StepTime:
+    """Time of one optimizer step on `target`; with gradient accumulation, the traced micro-batch's
+    forward and backward run accumulation_steps times before the one optimizer step."""
+    records = trace.records
+    if settings.accumulate_gradients:
+        repeats = settings.accumulation_steps
+        micro = [r for r in records if r.phase != "optimizer"]
+        records = tuple(micro) * repeats + tuple(r for r in records if r.phase == "optimizer")
+    return estimate_records(records, trace.precision, target.device)
+
+
+def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...]:
+    """The table's order: devices the model fits on, fastest first; then the others, closest to fitting first."""
+    fitting = sorted((r for r in results if r.fits), key=lambda r: (r.time_to_train_s, r.id))
+    short = sorted((r for r in results if not r.fits), key=lambda r: (r.memory.missing_bytes, r.id))
+    return tuple(fitting + short)
+
+
+def estimate_device(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, memory: DeviceMemory,
+                    db: HardwareDB) -> DeviceEstimate:
+    """Step time, job length and money of one device."""
+    step = step_time(trace, settings.memory, target)
+    batch = settings.memory.batch_size
+    steps = settings.job.steps_for(batch)
+    hours = steps * step.step_s / SECONDS_PER_HOUR
+    gpu = target.gpu
+    costs: tuple[CloudCost, ...] = ()
+    owning = None
+    if gpu is not None:
+        costs = tuple(cloud_costs(db.offers_for(gpu.id), hours))
+        cheapest = costs[0].usd_per_hour if costs else None
+        owning = ownership(gpu, hours, db.defaults.electricity_usd_per_kwh, cheapest)
+    return DeviceEstimate(target, memory, step, batch, steps, costs, owning)
+
+
+def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,
+                   progress: Progress = lambda message: None, trace: StepTrace | None = None) -> Estimate:
+    """Trace `model`'s training step (or reuse `trace`) and estimate it on every target."""
+    memory_settings = settings.memory
+    if trace is None:
+        progress(f"tracing a training step of {model.source} at batch {memory_settings.traced_batch}")
+        trace = trace_for_memory(model, memory_settings, memory_settings.traced_batch)
+    step, batch_model = step_memory(model, memory_settings, trace, progress)
+    progress(f"estimating {len(targets)} devices")
+    results = []
+    for target in targets:
+        context = memory_settings.cuda_context_bytes if target.device.kind == "gpu" else None
+        memory = device_memory(step, target, target.memory_overhead, batch_model, context)
+        results.append(estimate_device(trace, settings, target, memory, db))
+    return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh)

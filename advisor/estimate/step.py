@@ -1,0 +1,219 @@
+"""Time of one training step on one device, op by op, from the trace and the device's calibration.
+
+Per op (seconds):
+- a compute op (GEMM, convolution, attention): FLOPs / (roofline x efficiency), where the roofline is
+  min(peak FLOP/s of its dtype, arithmetic intensity x sustained bandwidth), the efficiency the
+  calibrated curve of its series at its size, times (on a GPU) how well its tiles fill the SMs;
+- a memory op: bytes / (bandwidth x calibrated efficiency at its size); its FLOPs at the fp32 peak
+  bound it from below;
+- the host's time to issue it (dispatch, plus autograd recording in forward and backward).
+
+On a CPU the host runs the op, so the step is the sum of host and kernel times. On a GPU the host
+queues kernels ahead of the device: the device starts an op when the previous one is done and the
+host has issued it, so a step of many small ops waits on the host (overhead-bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from advisor.calibration.profile import CalibrationProfile, SeriesProfile
+from advisor.calibration.runner import roofline
+from advisor.estimate.ops import DTYPE_FALLBACK, OpClass, classify, wave_efficiency
+from advisor.profile.trace import OpRecord, StepTrace
+
+BOUNDS = ("compute", "memory", "overhead")
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """What the time model needs of a device: its calibration and, for a GPU, its SM count."""
+
+    id: str
+    kind: str
+    """"gpu" or "cpu"."""
+    profile: CalibrationProfile
+    sm_count: int | None = None
+
+    def __post_init__(self) -> None:
+        assert self.kind in ("gpu", "cpu"), self.kind
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One op of the step on one device. Seconds."""
+
+    phase: str
+    module: str
+    op: str
+    series: str
+    dtype: str
+    flops: float
+    bytes: int
+    compute_s: float
+    """FLOPs at the calibrated compute rate (0 for a memory op with no FLOPs)."""
+    memory_s: float
+    """Bytes at the calibrated bandwidth (for a compute op, included in its roofline)."""
+    kernel_s: float
+    """Device time of the op: the longer of compute_s and memory_s."""
+    host_s: float
+    """Host time to issue it."""
+    wait_s: float
+    """Time the device sat idle before it, waiting for the host (0 on a CPU)."""
+    bound: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase, "module": self.module, "op": self.op, "series": self.series, "dtype": self.dtype,
+            "flops": self.flops, "bytes": self.bytes, "compute_s": self.compute_s, "memory_s": self.memory_s,
+            "kernel_s": self.kernel_s, "host_s": self.host_s, "wait_s": self.wait_s, "bound": self.bound,
+        }
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A training step on one device. Seconds."""
+
+    device_id: str
+    step_s: float
+    by_bound: dict[str, float]
+    """Seconds of the step spent in compute-bound ops, memory-bound ops, and waiting on the host
+    (GPU) or in the host's per-op work (CPU); they add up to step_s."""
+    calibration: str
+    """"measured" or "default" (a documented reference profile, no measurement of this device)."""
+    calibration_source: str
+    ops: tuple[OpTime, ...] = field(repr=False)
+
+    @property
+    def bound(self) -> str:
+        """What limits the step: the largest part of by_bound."""
+        return max(BOUNDS, key=lambda b: self.by_bound[b])
+
+    def top_ops(self, count: int = 10) -> list[dict[str, Any]]:
+        """The ops (by aten name and phase) that take the most time, with their share and bound."""
+        groups: dict[tuple[str, str], list[OpTime]] = {}
+        for op in self.ops:
+            groups.setdefault((op.op, op.phase), []).append(op)
+        rows = []
+        for (name, phase), ops in groups.items():
+            seconds = sum(o.kernel_s + o.wait_s for o in ops)
+            by_bound = dict.fromkeys(BOUNDS, 0.0)
+            for o in ops:
+                by_bound[o.bound] += o.kernel_s + o.wait_s
+            rows.append({"op": name, "phase": phase, "calls": len(ops), "seconds": seconds,
+                         "share": seconds / self.step_s if self.step_s else 0.0,
+                         "flops": sum(o.flops for o in ops), "bytes": sum(o.bytes for o in ops),
+                         "bound": max(BOUNDS, key=lambda b: by_bound[b])})
+        rows.sort(key=lambda row: -row["seconds"])
+        return rows[:count]
+
+    def to_dict(self, top: int = 10) -> dict[str, Any]:
+        return {"device_id": self.device_id, "step_time_s": self.step_s, "bound": self.bound,
+                "by_bound_s": dict(self.by_bound), "calibration": self.calibration,
+                "calibration_source": self.calibration_source, "top_ops": self.top_ops(top)}
+
+
+def _series(profile: CalibrationProfile, name: str, dtype: str) -> SeriesProfile:
+    """The calibrated series for (name, dtype), falling back to the dtype the device runs it in, and
+    for a convolution to its GEMM."""
+    names = (name, "gemm") if name in ("conv", "conv_backward") else (name, "copy")
+    for candidate in names:
+        current: str | None = dtype
+        while current is not None:
+            series = profile.get(candidate, current)
+            if series is not None:
+                return series
+            current = DTYPE_FALLBACK.get(current)
+    raise AssertionError(f"calibration of {profile.device} has no series for {name}/{dtype} nor a fallback")
+
+
+class _OpTimer:
+    """Kernel time of ops on one device, memoised: a step repeats the same op shapes many times."""
+
+    def __init__(self, device: DeviceModel, precision: str) -> None:
+        self.device = device
+        self.precision = precision
+        self.profile = device.profile
+        self.fp32_peak = device.profile.peaks.flops.get("fp32") or _series(device.profile, "gemm", "fp32").peak
+        self.bandwidth = device.profile.sustained_bandwidth_bytes_per_s
+        self._memo: dict[tuple, tuple[OpClass, float, float]] = {}
+
+    def kernel(self, record: OpRecord) -> tuple[OpClass, float, float]:
+        """(class, compute seconds, memory seconds) of one op."""
+        key = (record.op, record.flops, record.bytes_read + record.bytes_written, record.dtypes, record.matmul,
+               record.gemm)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._kernel(record)
+        return found
+
+    def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float]:
+        kind = classify(record, self.precision)
+        moved = record.bytes_read + record.bytes_written
+        if kind.compute:
+            series = _series(self.profile, kind.series, kind.dtype)
+            peak = self.fp32_peak if kind.vector else series.peak
+            intensity = record.flops / moved if moved else float("inf")
+            rate = roofline(peak, intensity, self.bandwidth) * series.efficiency(record.flops)
+            if self.device.sm_count and record.gemm is not None and not kind.vector:
+                rate *= wave_efficiency(record.gemm, self.device.sm_count)
+            compute = record.flops / rate
+            memory = moved / self.bandwidth
+            if kind.vector:
+                memory = self._memory_seconds("add", "fp32", moved)
+            return kind, compute, memory
+        memory = self._memory_seconds(kind.series, kind.dtype, moved)
+        compute = record.flops / self.fp32_peak if record.flops else 0.0
+        return kind, compute, memory
+
+    def _memory_seconds(self, name: str, dtype: str, moved: int) -> float:
+        if not moved:
+            return 0.0
+        series = _series(self.profile, name, dtype)
+        return moved / (series.peak * series.efficiency(moved))
+
+
+def host_seconds(record: OpRecord, overheads: dict[str, float]) -> float:
+    """Host time to issue one op: autograd recording in forward and backward, plain dispatch in the
+    optimizer (which runs under no_grad)."""
+    key = "dispatch" if record.phase == "optimizer" else "autograd"
+    return overheads.get(key, overheads.get("dispatch", 0.0))
+
+
+def estimate_step(trace: StepTrace, device: DeviceModel) -> StepTime:
+    """Time of `trace`'s step on `device`."""
+    return estimate_records(trace.records, trace.precision, device)
+
+
+def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel) -> StepTime:
+    """Time of these ops, in order, on `device` (see the module's docstring)."""
+    timer = _OpTimer(device, precision)
+    overheads = device.profile.overheads_s
+    queued = device.kind == "gpu"
+    host_clock = device_clock = 0.0
+    by_bound = dict.fromkeys(BOUNDS, 0.0)
+    ops: list[OpTime] = []
+    for record in records:
+        kind, compute, memory = timer.kernel(record)
+        kernel = max(compute, memory)
+        host = host_seconds(record, overheads)
+        if queued:
+            host_clock += host
+            wait = max(0.0, host_clock - device_clock)
+            device_clock += wait + kernel
+        else:
+            wait = host
+            device_clock += host + kernel
+        bound = "compute" if compute >= memory else "memory"
+        if wait > kernel:
+            bound = "overhead"
+        by_bound["overhead"] += wait
+        by_bound["compute" if compute >= memory else "memory"] += kernel
+        ops.append(OpTime(record.phase, record.module, record.op, kind.series, kind.dtype, record.flops,
+                          record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound))
+    profile = device.profile
+    total = sum(by_bound.values())
+    assert abs(total - device_clock) <= 1e-9 * max(1.0, total), (total, device_clock)
+    return StepTime(device.id, device_clock, by_bound, profile.status, profile.device_name, tuple(ops))
