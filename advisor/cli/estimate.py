@@ -149,7 +149,9 @@ def _money(value: float | None) -> str:
         return "-"
     if value >= 100:
         return f"{value:,.0f}"
-    return f"{value:.2f}"
+    if value >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.2g}"
 
 
 def _hours(seconds: float) -> str:

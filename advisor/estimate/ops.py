@@ -75,13 +75,38 @@ class OpClass:
     """A compute op that runs on vector units (no tensor-core tiles): timed at the fp32 peak."""
 
 
-def math_dtype(record: OpRecord, precision: str) -> str:
+AUTOCAST_DTYPES = {"amp-fp16": "fp16", "amp-bf16": "bf16"}
+
+BATCH_NORMS = frozenset({"native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
+                         "cudnn_batch_norm", "cudnn_batch_norm_backward", "batch_norm_backward"})
+"""Batch norm in training passes over its input twice (statistics across the batch, then normalise;
+in backward the two reductions, then the input gradient): it moves its input once more than the
+op's arguments and results count."""
+
+
+def math_dtype(record: OpRecord, precision: str, cuda_autocast: bool = False) -> str:
     """Calibration dtype of an op's math: fp16/bf16 when it reads such tensors; fp32 ops run as TF32
-    under the tf32 precision (torch's allow_tf32 switches)."""
+    under the tf32 precision (torch's allow_tf32 switches). With `cuda_autocast`, a matmul-class op
+    of an amp step runs in the autocast dtype whatever the trace recorded: CUDA autocast casts every
+    matmul, convolution and attention to it, where CPU autocast (which the trace runs) leaves some,
+    such as scaled_dot_product_attention, in fp32."""
     for name, dtype in MATH_DTYPES.items():
         if name in record.dtypes:
             return dtype
+    if cuda_autocast and precision in AUTOCAST_DTYPES:
+        return AUTOCAST_DTYPES[precision]
     return "tf32" if precision == "tf32" else "fp32"
+
+
+def moved_bytes(record: OpRecord, kind: OpClass) -> int:
+    """Bytes the op moves on the device: its arguments and results, half of them for an fp32 matmul
+    that CUDA autocast runs in 16 bits, and batch norm's second pass over its input."""
+    moved = record.bytes_read + record.bytes_written
+    if kind.compute and kind.dtype in ("fp16", "bf16") and not any(n in record.dtypes for n in MATH_DTYPES):
+        return moved // 2
+    if record.op in BATCH_NORMS:
+        return moved + record.bytes_read
+    return moved
 
 
 def storage_dtype(record: OpRecord) -> str:
@@ -119,8 +144,8 @@ def is_small_group_conv(record: OpRecord) -> bool:
     return groups > 1 and min(n, k) < SMALL_GROUP_CHANNELS * 9 and n < 4 * SMALL_GROUP_CHANNELS
 
 
-def classify(record: OpRecord, precision: str) -> OpClass:
-    """Series and dtype that time `record` under `precision`."""
+def classify(record: OpRecord, precision: str, cuda_autocast: bool = False) -> OpClass:
+    """Series and dtype that time `record` under `precision` (see math_dtype for `cuda_autocast`)."""
     if record.matmul and record.flops > 0:
         if record.op in CONVOLUTIONS:
             series = "conv"
@@ -130,7 +155,7 @@ def classify(record: OpRecord, precision: str) -> OpClass:
             series = "gemm"
         if is_small_group_conv(record):
             return OpClass(series, "fp32", compute=True, vector=True)
-        return OpClass(series, math_dtype(record, precision), compute=True)
+        return OpClass(series, math_dtype(record, precision, cuda_autocast), compute=True)
     return OpClass(memory_series(record.op), storage_dtype(record), compute=False)
 
 

@@ -5,7 +5,7 @@ the TUI and the report share."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from advisor.estimate.costs import SECONDS_PER_HOUR, CloudCost, Job, Ownership, cloud_costs, ownership, pareto_front
@@ -224,8 +224,13 @@ def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateT
     step, batch_model = step_memory(model, memory_settings, trace, progress)
     progress(f"estimating {len(targets)} devices")
     results = []
+    # A CPU has no caching allocator: its peak is the tensors' peak.
+    cpu_step = replace(step, allocated=step.tensor_peak, reserved=step.tensor_peak)
     for target in targets:
-        context = memory_settings.cuda_context_bytes if target.device.kind == "gpu" else None
-        memory = device_memory(step, target, target.memory_overhead, batch_model, context)
+        if target.device.kind == "gpu":
+            memory = device_memory(step, target, target.memory_overhead, batch_model,
+                                   memory_settings.cuda_context_bytes)
+        else:
+            memory = device_memory(cpu_step, target, target.memory_overhead, batch_model)
         results.append(estimate_device(trace, settings, target, memory, db))
     return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh)

@@ -21,7 +21,7 @@ from typing import Any
 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline
-from advisor.estimate.ops import DTYPE_FALLBACK, OpClass, classify, wave_efficiency
+from advisor.estimate.ops import DTYPE_FALLBACK, OpClass, classify, moved_bytes, wave_efficiency
 from advisor.profile.trace import OpRecord, StepTrace
 
 BOUNDS = ("compute", "memory", "overhead")
@@ -142,7 +142,7 @@ class _OpTimer:
 
     def kernel(self, record: OpRecord) -> tuple[OpClass, float, float]:
         """(class, compute seconds, memory seconds) of one op."""
-        key = (record.op, record.flops, record.bytes_read + record.bytes_written, record.dtypes, record.matmul,
+        key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
                record.gemm)
         found = self._memo.get(key)
         if found is None:
@@ -150,16 +150,19 @@ class _OpTimer:
         return found
 
     def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float]:
-        kind = classify(record, self.precision)
-        moved = record.bytes_read + record.bytes_written
+        kind = classify(record, self.precision, cuda_autocast=self.device.kind == "gpu")
+        moved = moved_bytes(record, kind)
         if kind.compute:
             series = _series(self.profile, kind.series, kind.dtype)
             peak = self.fp32_peak if kind.vector else series.peak
             intensity = record.flops / moved if moved else float("inf")
-            rate = roofline(peak, intensity, self.bandwidth) * series.efficiency(record.flops)
+            waves = 1.0
             if self.device.sm_count and record.gemm is not None and not kind.vector:
-                rate *= wave_efficiency(record.gemm, self.device.sm_count)
-            compute = record.flops / rate
+                waves = wave_efficiency(record.gemm, self.device.sm_count)
+            # Idle SMs stretch the work, not the fixed latency of a call: the curve is read at the work
+            # the call would be if it filled the device, t = (tau / waves + tau_half) / e_max.
+            filled = record.flops / waves
+            compute = filled / (roofline(peak, intensity, self.bandwidth) * series.efficiency(filled))
             memory = moved / self.bandwidth
             if kind.vector:
                 memory = self._memory_seconds("add", "fp32", moved)

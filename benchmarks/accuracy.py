@@ -1,0 +1,336 @@
+"""Predicted against measured training step time, beside a bare roofline computed in the same run.
+
+1. This CPU: real training steps (forward, loss, backward, AdamW step) of six models of different
+   kinds, median of timed steps after warm-up, against the `advisor estimate --local` prediction
+   (the local calibration from the cache, or a quick one measured now).
+2. Published GPU rows (../shared/validation/published-throughput.csv, single-GPU rows) whose model
+   this repository builds (benchmarks/zoo.py and the examples), at the published batch size,
+   precision and image size or sequence length, against the estimate for that database GPU.
+
+The bare roofline times every op of the same trace at 75% of the device's peak FLOP/s for the op's
+dtype and 75% of its bandwidth (the sustained bandwidth on the CPU, which has no datasheet figure),
+max of the two, summed: no calibration, no size effects, no overheads.
+
+    python benchmarks/accuracy.py [--part cpu|published|all] [--out benchmarks/results/accuracy.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from zoo import ZOO, ModelParts, example  # noqa: E402
+
+from advisor.calibration.peaks import gpu_peaks  # noqa: E402
+from advisor.calibration.reference import load_families  # noqa: E402
+from advisor.estimate.ops import DTYPE_FALLBACK, classify  # noqa: E402
+from advisor.estimate.step import estimate_records  # noqa: E402
+from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
+from advisor.hardware.loader import load_hwdb  # noqa: E402
+from advisor.profile.trace import (  # noqa: E402
+    PURE_LOW_PRECISION,
+    OpRecord,
+    StepTrace,
+    call_model,
+    cast_inputs,
+    default_loss,
+    make_optimizer,
+    trace_training_step,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+VALIDATION = REPO.parent / "shared" / "validation" / "published-throughput.csv"
+GPU_LABELS = REPO / "benchmarks" / "validation_gpus.yaml"
+BARE_EFFICIENCY = 0.75
+
+
+# ----------------------------------------------------------------------------- shared
+
+
+def bare_roofline_seconds(records: Iterable[OpRecord], precision: str, flops_peaks: dict[str, float],
+                          bandwidth: float, gpu: bool) -> float:
+    """Sum over ops of max(FLOPs / (75% peak of the op's dtype), bytes / (75% bandwidth)); on a GPU an
+    amp step's matmuls count at the autocast dtype's peak, as the estimator's (a fair baseline)."""
+    total = 0.0
+    for record in records:
+        kind = classify(record, precision, cuda_autocast=gpu)
+        dtype: str | None = kind.dtype if kind.compute and not kind.vector else "fp32"
+        while dtype is not None and dtype not in flops_peaks:
+            dtype = DTYPE_FALLBACK.get(dtype)
+        peak = flops_peaks[dtype or "fp32"]
+        total += max(record.flops / (BARE_EFFICIENCY * peak),
+                     (record.bytes_read + record.bytes_written) / (BARE_EFFICIENCY * bandwidth))
+    return total
+
+
+def error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    model: str
+    device: str
+    measured: float
+    ours: float
+    bare: float
+    unit: str
+
+
+def summary(rows: list[Row], title: str) -> list[str]:
+    ours = [abs(error(r.ours, r.measured)) for r in rows]
+    bare = [abs(error(r.bare, r.measured)) for r in rows]
+    return [f"{title:<44} n={len(rows):>3}  ours median {statistics.median(ours):6.1%} mean {statistics.mean(ours):6.1%}"
+            f"   bare roofline median {statistics.median(bare):6.1%} mean {statistics.mean(bare):6.1%}"]
+
+
+def grouped(rows: list[Row], key: Callable[[Row], str], heading: str) -> list[str]:
+    groups: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        groups[key(row)].append(row)
+    lines = [f"\n{heading}"]
+    for name in sorted(groups):
+        lines += summary(groups[name], f"  {name}")
+    return lines
+
+
+def table(rows: list[Row]) -> list[str]:
+    lines = [f"{'case':<70} {'measured':>10} {'ours':>10} {'err':>7} {'bare':>10} {'err':>7}  unit"]
+    for r in rows:
+        lines.append(f"{r.label:<70} {r.measured:>10.4g} {r.ours:>10.4g} {error(r.ours, r.measured):>+7.1%} "
+                     f"{r.bare:>10.4g} {error(r.bare, r.measured):>+7.1%}  {r.unit}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- 1. this CPU
+
+
+@dataclass(frozen=True)
+class CPUCase:
+    label: str
+    kind: str
+    parts: ModelParts
+    batch: int
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+
+
+def cpu_cases() -> list[CPUCase]:
+    small_llama = dict(vocab_size=32000, width=512, layers=4, heads=8, kv_heads=4, intermediate=1376, seq_len=256)
+    return [
+        CPUCase("mlp b64", "MLP", example("mlp"), 64),
+        CPUCase("resnet50 b8", "CNN", example("resnet50"), 8),
+        CPUCase("mobilenet_v2 b16", "depthwise CNN", example("mobilenet_v2"), 16),
+        CPUCase("bert_base seq128 b4", "transformer encoder", example("bert_base", seq_len=128), 4),
+        CPUCase("vit_b16 b4", "vision transformer", example("vit_b16"), 4),
+        CPUCase("gpt2_small seq256 b2", "transformer decoder", example("gpt2_small", seq_len=256), 2),
+        CPUCase("llama 4x512 seq256 b2", "decoder (RMSNorm, SwiGLU, GQA)", example("llama", **small_llama), 2),
+    ]
+
+
+def measure_cpu_step(case: CPUCase, warm: int = 2, timed: int = 7) -> float:
+    """Median seconds of `timed` real training steps after `warm` ones."""
+    torch.manual_seed(0)
+    build, make_input, loss_fn = case.parts
+    model, inputs = build(), make_input(case.batch)
+    dtype = PURE_LOW_PRECISION.get(case.precision)
+    if dtype is not None:
+        model, inputs = model.to(dtype), cast_inputs(inputs, dtype)
+    model.train()
+    optimizer = make_optimizer(case.optimizer, [p for p in model.parameters() if p.requires_grad])
+    loss_fn = loss_fn or default_loss
+    autocast = case.precision.startswith("amp")
+    times = []
+    for step in range(warm + timed):
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(call_model(model, inputs), inputs)
+        loss.backward()
+        optimizer.step()
+        if step >= warm:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str) -> StepTrace:
+    build, make_input, loss_fn = parts
+    return trace_training_step(build, make_input, batch, precision, optimizer, loss_fn)
+
+
+def cpu_rows() -> tuple[list[Row], list[str]]:
+    db = load_hwdb([])
+    cpu = local_targets(db, load_families(db), lambda m: print(f"advisor: {m}", file=sys.stderr))[0]
+    profile = cpu.device.profile
+    notes = [f"CPU: {cpu.name}; calibration {profile.status} ({profile.mode}, {profile.created})"]
+    rows = []
+    for case in cpu_cases():
+        trace = trace_case(case.parts, case.batch, case.precision, case.optimizer)
+        ours = estimate_records(trace.records, case.precision, cpu.device).step_s
+        bare = bare_roofline_seconds(trace.records, case.precision, profile.peaks.flops,
+                                     profile.sustained_bandwidth_bytes_per_s, gpu=False)
+        measured = measure_cpu_step(case)
+        rows.append(Row(f"{case.label} {case.precision} {case.optimizer} ({case.kind})", case.label.split()[0],
+                        "local-cpu", measured * 1e3, ours * 1e3, bare * 1e3, "ms/step"))
+        print(f"advisor: {case.label}: measured {measured * 1e3:.1f} ms, predicted {ours * 1e3:.1f} ms",
+              file=sys.stderr, flush=True)
+        gc.collect()
+    return rows, notes
+
+
+# ----------------------------------------------------------------------------- 2. published GPU rows
+
+
+MODELS = {
+    "ResNet-50 v1.5": "resnet50",
+    "ResNeXt-101 32x4d": "resnext101_32x4d",
+    "SE-ResNeXt-101 32x4d": "se_resnext101_32x4d",
+    "EfficientNet-b0": "efficientnet_b0",
+    "EfficientNet-b4": "efficientnet_b4",
+    "EfficientNet-widese-b0": "efficientnet_widese_b0",
+    "EfficientNet-widese-b4": "efficientnet_widese_b4",
+    "BERT-base uncased (SQuAD v1.1 fine-tune)": "bert_base",
+    "BERT-large uncased (SQuAD v1.1 fine-tune)": "bert_large",
+    "BERT-large uncased (seq-classification head)": "bert_large",
+    "BERT-large uncased (pre-training, LAMB)": "bert_large",
+    "torchvision resnet18": "resnet18",
+    "torchvision resnet50": "resnet50",
+    "torchvision resnet152": "resnet152",
+    "torchvision vgg16": "vgg16",
+    "torchvision densenet121": "densenet121",
+    "torchvision mobilenet_v2": "mobilenet_v2",
+}
+"""Published model name -> zoo entry. The others (GNMT, Transformer-XL, SSD, Mask R-CNN, Tacotron2,
+WaveGlow, NCF, Transformer-big) are not built here and are listed as skipped."""
+
+SAMPLE_METRICS = ("train_images_per_s", "train_sequences_per_s", "train_samples_per_s")
+TENSOR_CORE_ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell")
+
+
+def precision_of(row: dict[str, str], architecture: str | None) -> str | None:
+    """Our precision for a published label. FP32 on Ampere and newer ran as TF32: NGC containers and
+    PyTorch < 1.12 (the ryujaehun A100 run: 1.7) enable it by default (SOURCES.md)."""
+    label = row["precision"]
+    if label == "FP32":
+        return "tf32" if architecture in TENSOR_CORE_ARCHITECTURES else "fp32"
+    if label == "TF32":
+        return "tf32"
+    if label in ("AMP", "FP16-mixed"):
+        return "amp-fp16"
+    if label.startswith("FP16-pure"):
+        return "fp16"
+    return None
+
+
+def optimizer_of(row: dict[str, str]) -> str | None:
+    """The published runs' optimizers: SGD with momentum for the CNNs, Adam(W)/LAMB (element-wise, two
+    moments: timed as Adam) for BERT; ryujaehun times no optimizer step (None)."""
+    if row["source_id"] == "RYUJAEHUN_BS12":
+        return None
+    return "adamw" if row["model"].startswith("BERT") else "momentum"
+
+
+def size_of(row: dict[str, str]) -> int | None:
+    text = row["seq_len_or_image_size"]
+    if text.startswith("seq"):
+        return int(text[3:])
+    if "x" in text:
+        return int(text.split("x")[0])
+    return None
+
+
+def published_rows() -> tuple[list[Row], list[str]]:
+    db = load_hwdb([])
+    families = load_families(db)
+    labels = yaml.safe_load(GPU_LABELS.read_text())["labels"]
+    traces: dict[tuple, StepTrace] = {}
+    rows, skipped = [], defaultdict(int)
+    with VALIDATION.open(newline="") as handle:
+        published = [r for r in csv.DictReader(handle) if r["num_gpus"] == "1"]
+    for row in published:
+        zoo_name = MODELS.get(row["model"])
+        gpu = db.gpu(labels[row["gpu"]])
+        precision = precision_of(row, gpu.architecture)
+        why = None
+        if zoo_name is None:
+            why = f"{row['model']}: not built here"
+        elif not row["batch_size_per_gpu"]:
+            why = f"{row['model']}: no published batch size"
+        elif precision is None:
+            why = f"precision {row['precision']}"
+        elif row["metric"] not in SAMPLE_METRICS and row["metric"] != "train_step_time_ms_median":
+            why = f"metric {row['metric']}"
+        if why is not None:
+            skipped[why] += 1
+            continue
+        assert zoo_name is not None and precision is not None
+        batch, size, optimizer = int(row["batch_size_per_gpu"]), size_of(row), optimizer_of(row)
+        key = (zoo_name, size, batch, precision, optimizer)
+        if key not in traces:
+            print(f"advisor: tracing {key}", file=sys.stderr, flush=True)
+            traces[key] = trace_case(ZOO[zoo_name](size), batch, precision, optimizer or "sgd")
+        trace = traces[key]
+        records = [r for r in trace.records if optimizer is not None or r.phase != "optimizer"]
+        target = database_targets(db, [gpu], families)[0]
+        ours = estimate_records(records, precision, target.device).step_s
+        peaks = gpu_peaks(gpu)
+        bare = bare_roofline_seconds(records, precision, peaks.flops, gpu.bandwidth_bytes_per_s, gpu=True)
+        value = float(row["value"])
+        label = f"{row['source_id']}: {zoo_name} b{batch} {row['precision'][:9]} on {gpu.id}"
+        if row["metric"] == "train_step_time_ms_median":
+            rows.append(Row(label, zoo_name, gpu.id, value, ours * 1e3, bare * 1e3, "ms/step"))
+        else:
+            rows.append(Row(label, zoo_name, gpu.id, value, batch / ours, batch / bare, row["metric"][6:]))
+    return rows, [f"{count:>3} x {why}" for why, count in sorted(skipped.items(), key=lambda item: -item[1])]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("cpu", "published", "all"), default="all")
+    parser.add_argument("--out", type=Path, help="also write the report to this file")
+    args = parser.parse_args()
+    lines = [f"gpu-advisor accuracy benchmark, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads",
+             "error = predicted / measured - 1, for step time (CPU, ms/step) or throughput (published rows); "
+             "bare roofline: 75% of peak FLOP/s and bandwidth per op, no calibration"]
+    started = time.perf_counter()
+    if args.part in ("cpu", "all"):
+        rows, notes = cpu_rows()
+        lines += ["", "1. This CPU: real training steps (median) vs the --local prediction", *notes, *table(rows), "",
+                  *summary(rows, "CPU, all models")]
+    if args.part in ("published", "all"):
+        rows, skipped = published_rows()
+        lines += ["", "2. Published single-GPU rows (../shared/validation/published-throughput.csv)", *table(rows),
+                  "", *summary(rows, "published rows, all"),
+                  *grouped(rows, lambda r: r.model, "by model:"),
+                  *grouped(rows, lambda r: r.device, "by GPU:"),
+                  *grouped(rows, lambda r: r.label.split(":")[0], "by source:"),
+                  "", f"skipped {sum(int(s.split(' x ')[0]) for s in skipped)} rows:", *(f"  {s}" for s in skipped)]
+    lines.append(f"\n({time.perf_counter() - started:.0f} s)")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

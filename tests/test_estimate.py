@@ -1,0 +1,307 @@
+"""The estimator: per-op time by hand on synthetic calibrations, tile waves, the money arithmetic
+(hours, spot, electricity, break-even), ranking and the Pareto set, and `advisor estimate` end to end
+with its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.calibration.curves import Curve, Fit
+from advisor.calibration.peaks import DevicePeaks
+from advisor.calibration.profile import CalibrationProfile, SeriesProfile
+from advisor.calibration.reference import load_families
+from advisor.calibration.suite import load_suite
+from advisor.cli.main import main
+from advisor.estimate import targets as targets_module
+from advisor.estimate.costs import Job, cloud_costs, electricity_usd, ownership, pareto_front
+from advisor.estimate.ops import classify, moved_bytes, wave_efficiency
+from advisor.estimate.plan import EstimateSettings, estimate_model, step_time
+from advisor.estimate.step import DeviceModel, estimate_records
+from advisor.estimate.targets import database_targets
+from advisor.hardware.loader import load_hwdb
+from advisor.memory.plan import MemorySettings
+from advisor.profile.model_file import load_model_file
+from advisor.profile.trace import OpRecord
+from tests.test_calibration import TINY_SUITE
+
+FLAT = Fit(Curve.saturating(0.5, 1e-15), (), 0.0, 0)
+"""A curve at 50% of its reference for any call that is not vanishingly small."""
+
+
+def synthetic_profile(dispatch_s: float = 1e-5) -> CalibrationProfile:
+    """1 TFLOP/s fp32 and 4 TFLOP/s bf16 GEMMs, 100 GB/s copies and sustained bandwidth, all at 50%."""
+    series = (
+        SeriesProfile("gemm", "fp32", "flops", 1e12, FLAT),
+        SeriesProfile("gemm", "bf16", "flops", 4e12, FLAT),
+        SeriesProfile("copy", "fp32", "bytes", 1e11, FLAT),
+    )
+    return CalibrationProfile("test", "test device", "measured", "quick", "2026-11-22",
+                              DevicePeaks({"fp32": 1e12, "bf16": 4e12}, 1e11), 1e11,
+                              {"dispatch": dispatch_s, "autograd": dispatch_s}, series)
+
+
+def mm(m: int, n: int, k: int, phase: str = "forward", dtype: str = "float32") -> OpRecord:
+    size = 2 if dtype == "bfloat16" else 4
+    return OpRecord(phase, "fc", "mm", 2.0 * m * n * k, (m * k + k * n) * size, m * n * size, (dtype,), True, True,
+                    (1, m, n, k))
+
+
+def add(elements: int, phase: str = "forward") -> OpRecord:
+    return OpRecord(phase, "act", "add", float(elements), 8 * elements, 4 * elements, ("float32",), False, True)
+
+
+# ----------------------------------------------------------------------------- per-op time by hand
+
+
+def test_compute_and_memory_ops_by_hand_on_a_cpu() -> None:
+    device = DeviceModel("cpu", "cpu", synthetic_profile())
+    # mm 1000x1000x1000: 2e9 FLOPs; 12 MB -> intensity 167 FLOP/B x 1e11 B/s > 1e12: compute-bound at
+    # 1e12 x 50% = 5e11 FLOP/s -> 4 ms. add of 1M floats: 12 MB at 1e11 x 50% -> 0.24 ms.
+    # A CPU runs the host's 10 us per op in line: 4 ms + 0.24 ms + 2 x 10 us = 4.26 ms.
+    step = estimate_records([mm(1000, 1000, 1000), add(1_000_000)], "fp32", device)
+    assert step.ops[0].kernel_s == pytest.approx(4e-3)
+    assert step.ops[1].kernel_s == pytest.approx(0.24e-3)
+    assert step.step_s == pytest.approx(4.26e-3)
+    assert [op.bound for op in step.ops] == ["compute", "memory"]
+    assert step.by_bound == pytest.approx({"compute": 4e-3, "memory": 0.24e-3, "overhead": 2e-5})
+    assert step.bound == "compute"
+
+
+def test_gpu_queues_kernels_behind_the_host() -> None:
+    device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
+    # Big op first: the device waits 10 us for it, then the host's next 10 us hide under its 4 ms.
+    step = estimate_records([mm(1000, 1000, 1000), add(1_000_000)], "fp32", device)
+    assert step.step_s == pytest.approx(1e-5 + 4e-3 + 0.24e-3)
+    assert step.ops[1].wait_s == 0.0
+    # 100 tiny adds (1,000 floats: 12 kB / 5e10 B/s = 0.24 us each) wait on 10 us of host each.
+    tiny = estimate_records([add(1000)] * 100, "fp32", device)
+    assert tiny.step_s == pytest.approx(100 * 1e-5 + 0.24e-6)
+    assert tiny.bound == "overhead"
+    assert all(op.bound == "overhead" for op in tiny.ops)
+
+
+def test_memory_bound_matmul_follows_the_roofline() -> None:
+    device = DeviceModel("cpu", "cpu", synthetic_profile(dispatch_s=0.0))
+    # mm 4096x1x4096 (a matrix-vector product): 2*4096*4096 = 33.6 MFLOP over (16.8M + 4096 + 4096) x 4 B
+    # = 67.1 MB: intensity 0.5 FLOP/B x 1e11 B/s = 5e10 FLOP/s roofline, x 50% -> 1.34 ms.
+    record = mm(4096, 1, 4096)
+    intensity = record.flops / (record.bytes_read + record.bytes_written)
+    expected = record.flops / (intensity * 1e11 * 0.5)
+    assert estimate_records([record], "fp32", device).step_s == pytest.approx(expected)
+
+
+def test_amp_matmuls_run_in_16_bits_on_a_gpu_only() -> None:
+    record = mm(1000, 1000, 1000)  # recorded in fp32, as CPU autocast leaves attention
+    gpu_kind, cpu_kind = classify(record, "amp-bf16", cuda_autocast=True), classify(record, "amp-bf16")
+    assert (gpu_kind.dtype, cpu_kind.dtype) == ("bf16", "fp32")
+    assert moved_bytes(record, gpu_kind) == (record.bytes_read + record.bytes_written) // 2
+    # on the GPU: 2e9 FLOPs at 4e12 x 50% = 1 ms (+10 us of host)
+    step = estimate_records([record], "amp-bf16", DeviceModel("gpu", "gpu", synthetic_profile()))
+    assert step.step_s == pytest.approx(1e-3 + 1e-5)
+
+
+def test_tf32_falls_back_to_fp32_where_the_device_has_no_tf32_series() -> None:
+    step = estimate_records([mm(1000, 1000, 1000)], "tf32", DeviceModel("cpu", "cpu", synthetic_profile(0.0)))
+    assert step.ops[0].dtype == "tf32" and step.step_s == pytest.approx(4e-3)
+
+
+def test_batch_norm_moves_its_input_twice() -> None:
+    record = OpRecord("forward", "bn", "native_batch_norm", 5e6, 4_000_000, 4_000_000, ("float32",), False, True)
+    assert moved_bytes(record, classify(record, "fp32")) == 12_000_000
+
+
+def test_wave_efficiency_by_hand() -> None:
+    # 4096 x 4096 on 108 SMs with 128x128 tiles: 32*32 = 1024 tiles in ceil(1024/108) = 10 waves -> 1024/1080
+    assert wave_efficiency((1, 4096, 4096, 4096), 108) == pytest.approx(1024 / 1080)
+    # 128 x 128 x 4096: one 128x128 tile; 64x32 tiles give 2*4 = 8 tiles, split-K by min(108 // 8, 4096 // 512)
+    # = 8 -> 64 blocks in one wave of 108, at the small tile's 0.75: 64/108 * 0.75 = 0.444
+    assert wave_efficiency((1, 128, 128, 4096), 108) == pytest.approx(64 / 108 * 0.75)
+    # m = n = 192 on 4 SMs. 128x128: 4 tiles in 1 wave, half-empty edges 192*192/(4*128*128) = 0.5625;
+    # 64x64: 9 full tiles in 3 waves of 4, 9/12 * 0.85 = 0.6375; 64x32: 18 full tiles in 5 waves,
+    # 18/20 * 0.75 = 0.675 -> the best
+    assert wave_efficiency((1, 192, 192, 64), 4) == pytest.approx(18 / 20 * 0.75)
+
+
+# ----------------------------------------------------------------------------- money by hand
+
+
+def test_job_steps_by_hand() -> None:
+    assert Job(samples=1000, epochs=2).steps_for(64) == 32  # ceil(2000 / 64)
+    assert Job(samples=1000, epochs=0.5).steps_for(100) == 5
+    assert Job(steps=123).steps_for(7) == 123
+
+
+def test_cloud_costs_on_demand_and_spot_by_hand() -> None:
+    costs = cloud_costs(load_hwdb([]).offers_for("rtx-3090"), 10.0)
+    # runpod 1x RTX 3090: 0.43 USD/GPU-hour x 10 h = 4.30 USD; no spot price
+    assert costs[0].cost_usd == pytest.approx(4.3) and costs[0].spot_cost_usd is None
+    a100 = cloud_costs(load_hwdb([]).offers_for("a100-pcie-80gb"), 10.0)
+    azure = next(c for c in a100 if c.provider == "azure")
+    # azure NC24ads A100 v4: 3.673 x 10 = 36.73 on demand, 0.404 x 10 = 4.04 spot
+    assert (azure.cost_usd, azure.spot_cost_usd) == (pytest.approx(36.73), pytest.approx(4.04))
+
+
+def test_electricity_and_break_even_by_hand() -> None:
+    # 450 W for 10 h at 0.17 USD/kWh: 0.45 x 10 x 0.17 = 0.765 USD
+    assert electricity_usd(450, 10, 0.17) == pytest.approx(0.765)
+    gpu = load_hwdb([]).gpu("rtx-3090")  # 1,499 USD, 350 W
+    owning = ownership(gpu, 10.0, 0.17, cheapest_rent_usd_per_hour=0.43)
+    assert owning is not None
+    # electricity 0.35 kW x 10 h x 0.17 = 0.595 USD; total 1,499.595
+    assert owning.electricity_usd == pytest.approx(0.595)
+    assert owning.total_usd == pytest.approx(1499.595)
+    # break-even: 1499 / (0.43 - 0.35 x 0.17) = 1499 / 0.3705 = 4045.9 h = 404.6 jobs of 10 h
+    assert owning.break_even_hours == pytest.approx(1499 / 0.3705)
+    assert owning.break_even_jobs == pytest.approx(1499 / 0.3705 / 10)
+    # renting cheaper than the electricity: never pays off
+    assert ownership(gpu, 10.0, 0.17, cheapest_rent_usd_per_hour=0.05).break_even_hours is None
+    assert ownership(load_hwdb([]).gpu("h100-sxm"), 10.0, 0.17, 2.0) is None  # no purchase price
+
+
+def test_pareto_front_by_hand() -> None:
+    # c (3 h, 6 $) is beaten by b (2 h, 5 $) on both; a, b, d each win somewhere
+    points = [("a", 1.0, 9.0), ("b", 2.0, 5.0), ("c", 3.0, 6.0), ("d", 4.0, 1.0)]
+    assert pareto_front(points) == ["a", "b", "d"]
+    assert pareto_front([("x", 1.0, 1.0), ("y", 1.0, 1.0)]) == ["x", "y"]  # ties dominate neither
+
+
+# ----------------------------------------------------------------------------- the plan on a real model
+
+
+@pytest.fixture(scope="module")
+def mlp_estimate():
+    db = load_hwdb([])
+    gpus = [db.gpu(i) for i in ("rtx-3090", "h100-sxm", "t4", "a100-sxm4-80gb", "rtx-5090")]
+    model = load_model_file("mlp")
+    settings = EstimateSettings(MemorySettings(64, "amp-bf16", "adamw"), Job(samples=60_000, epochs=3))
+    return estimate_model(model, db, database_targets(db, gpus, load_families(db)), settings)
+
+
+def test_plan_arithmetic_and_ranking(mlp_estimate) -> None:
+    estimate = mlp_estimate
+    for result in estimate.results:
+        assert result.steps == 2813  # ceil(180,000 / 64)
+        assert result.time_to_train_s == pytest.approx(2813 * result.step_time_s)
+        assert result.throughput == pytest.approx(64 / result.step_time_s)
+        for cost in result.cloud:
+            assert cost.cost_usd == pytest.approx(result.time_to_train_s / 3600 * cost.usd_per_hour)
+    times = [r.time_to_train_s for r in estimate.by_time()]
+    assert times == sorted(times) and len(times) == 5
+    costs = [r.job_cost_usd() for r in estimate.by_cost()]
+    assert costs == sorted(costs) and {r.id for r in estimate.by_cost()} == {"rtx-3090", "h100-sxm", "t4",
+                                                                               "a100-sxm4-80gb"}
+    front = estimate.pareto()
+    assert front[0].id == estimate.by_cost()[0].id or front[0].time_to_train_s < estimate.by_cost()[0].time_to_train_s
+    for r in estimate.by_cost():  # everything off the front is beaten on both by something on it
+        if r not in front:
+            assert any(f.time_to_train_s <= r.time_to_train_s and f.job_cost_usd() <= r.job_cost_usd() for f in front)
+    assert estimate.results[0].id == estimate.by_time()[0].id
+
+
+def test_gradient_accumulation_repeats_forward_and_backward(mlp_estimate) -> None:
+    target = mlp_estimate.results[0].target
+    trace = mlp_estimate.trace
+    plain = step_time(trace, MemorySettings(64, "amp-bf16", "adamw"), target)
+    accumulated = step_time(trace, MemorySettings(256, "amp-bf16", "adamw", micro_batch=64), target)
+    optimizer = sum(o.kernel_s + o.wait_s for o in plain.ops if o.phase == "optimizer")
+    assert accumulated.step_s == pytest.approx(4 * (plain.step_s - optimizer) + optimizer, rel=0.02)
+
+
+def test_json_has_the_product_schema(mlp_estimate) -> None:
+    document = json.loads(json.dumps(mlp_estimate.to_dict()))
+    assert set(document["model"]) >= {"name", "params", "forward_flops", "train_step_flops", "sample_unit"}
+    assert set(document["settings"]) >= {"batch_size", "precision", "optimizer", "samples", "epochs"}
+    result = document["results"][0]
+    assert set(result) >= {"gpu_id", "gpu_name", "fits", "peak_memory_bytes", "memory", "max_batch_size",
+                           "step_time_s", "throughput_samples_per_s", "time_to_train_s", "bound", "cloud",
+                           "purchase_usd"}
+    assert set(result["memory"]) == {"weights", "gradients", "optimizer", "activations", "overhead"}
+    assert sum(result["memory"].values()) == result["peak_memory_bytes"]
+    for offer in document["results"][1]["cloud"]:
+        assert set(offer) >= {"provider", "instance", "usd_per_hour", "spot_usd_per_hour", "cost_usd"}
+    # mlp 784-1024-1024-10 at batch 64: 2 x 64 x (784*1024 + 1024*1024 + 1024*10) = 238,288,896 for the
+    # products (bias adds inside addmm are not counted) + 1 FLOP per element of the two ReLUs, 64 x 2048
+    assert document["model"]["params"] == 1_863_690
+    assert document["model"]["forward_flops"] == 2 * 64 * (784 * 1024 + 1024 * 1024 + 1024 * 10) + 64 * 2048
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_table_and_json(capsys) -> None:
+    code, out, err = run_cli(capsys, "estimate", "mlp", "--gpu", "rtx-3090", "--gpu", "t4", "--steps", "1000")
+    assert code == 0, err
+    assert "job: 1,000 steps of 64 images (command line)" in out
+    assert "rtx-3090" in out and "Fastest: rtx-3090" in out and "default" in out
+    code, out, _ = run_cli(capsys, "estimate", "mlp", "--gpu", "t4", "--samples", "6400", "--epochs", "2", "--json")
+    document = json.loads(out)
+    assert code == 0 and document["settings"]["samples"] == 6400 and document["settings"]["epochs"] == 2
+    assert document["results"][0]["steps"] == 200  # 12,800 / 64
+
+
+def test_cli_default_job_comes_from_the_model_file(capsys) -> None:
+    code, out, _ = run_cli(capsys, "estimate", "mlp", "--gpu", "t4")
+    assert code == 0
+    assert "60,000 images x 1 epoch = 938 steps of 64 (model file's TRAIN_SAMPLES)" in out
+
+
+def test_cli_unknown_gpu_suggests_close_ids(capsys) -> None:
+    code, _, err = run_cli(capsys, "estimate", "mlp", "--gpu", "rtx3090")
+    assert code == 2
+    assert "unknown GPU id 'rtx3090'" in err and "rtx-3090" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_unknown_provider_suggests(capsys) -> None:
+    code, _, err = run_cli(capsys, "estimate", "mlp", "--provider", "runpd")
+    assert code == 2 and "unknown provider 'runpd'" in err and "runpod" in err
+
+
+def test_cli_bad_precision_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", "mlp", "--precision", "fp8"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_cli_steps_and_samples_conflict(capsys) -> None:
+    code, _, err = run_cli(capsys, "estimate", "mlp", "--steps", "10", "--samples", "100")
+    assert code == 2 and "either --steps or --samples" in err
+
+
+def test_cli_model_that_fits_nowhere(capsys) -> None:
+    # 200M MNIST images of 784 fp32 values: the input alone is 627 GB
+    code, out, err = run_cli(capsys, "estimate", "mlp", "--batch-size", "200000000", "--gpu", "rtx-3060",
+                             "--gpu", "h100-sxm")
+    assert code == 2
+    assert "does not fit on any of the 2 devices at batch 200000000" in err
+    assert "--batch-size" in err and "h100-sxm" in err
+    assert len(err.strip().splitlines()) == 1
+    assert "does not fit:" in out and "GiB short" in out  # the table still shows what is missing
+
+
+def test_cli_local_cpu_calibrates_once_then_reuses(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    suite_path = tmp_path / "suite.yaml"
+    suite_path.write_text(TINY_SUITE)
+    monkeypatch.setattr(targets_module, "load_suite", lambda: load_suite(suite_path))
+    code, out, err = run_cli(capsys, "estimate", "mlp", "--local", "--gpu", "t4", "--json")
+    assert code == 0, err
+    assert "no usable calibration of cpu (none stored): measuring a quick one" in err
+    local = json.loads(out)["results"]
+    cpu = next(r for r in local if r["gpu_id"] == "local-cpu")
+    assert cpu["calibration"] == "measured" and cpu["step_time_s"] > 0
+    assert cpu["memory"]["overhead"] == 0  # no CUDA context, workspace or caching allocator on a CPU
+    code, out, err = run_cli(capsys, "estimate", "mlp", "--local", "--gpu", "t4", "--json")
+    assert code == 0 and "measuring" not in err
+    again = next(r for r in json.loads(out)["results"] if r["gpu_id"] == "local-cpu")
+    assert again["step_time_s"] == cpu["step_time_s"]  # the same stored profile, the same trace
