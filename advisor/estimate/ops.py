@@ -131,7 +131,7 @@ def memory_series(op: str) -> str:
     if op.startswith("_foreach_") or op.startswith("_fused_"):
         return "triad"
     if op in ("add", "add_", "mul", "mul_", "sub", "sub_", "addcmul_", "addcdiv_", "lerp_", "where",
-              "threshold_backward", "relu", "relu_", "masked_fill", "masked_fill_"):
+              "threshold_backward", "relu", "relu_", "hardtanh", "hardtanh_", "hardtanh_backward", "masked_fill", "masked_fill_"):
         return "add"
     return "copy"
 

@@ -281,6 +281,13 @@ def reduction_flops(args: tuple, named: dict, out: Any) -> float:
     return float(args[0].numel())
 
 
+@register(*_ops("hardtanh_backward"))
+def hardtanh_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """ReLU6's (hardtanh's) gradient: one comparison-and-select per element, as threshold_backward
+    (which torch tags pointwise; this one it does not)."""
+    return float(args[0].numel())
+
+
 @register(aten._amp_foreach_non_finite_check_and_unscale_)
 def amp_unscale_flops(args: tuple, named: dict, out: Any) -> float:
     """GradScaler's unscale: per gradient element a multiply by 1/scale and a finiteness check."""
