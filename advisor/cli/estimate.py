@@ -7,6 +7,7 @@ import argparse
 import json
 import shutil
 import sys
+from dataclasses import replace
 
 from advisor import units
 from advisor.calibration.reference import load_families
@@ -87,8 +88,6 @@ def _filter_provider(db: HardwareDB, provider: str | None) -> HardwareDB:
     """The database with only `provider`'s offers."""
     if provider is None:
         return db
-    from dataclasses import replace
-
     return replace(db, offers=tuple(o for o in db.offers if o.provider == provider), _by_id={})
 
 
