@@ -32,7 +32,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo import ZOO, ModelParts, example  # noqa: E402
+from zoo import ZOO, ModelParts, cast_model_and_inputs, example  # noqa: E402
 
 from advisor.calibration.peaks import gpu_peaks  # noqa: E402
 from advisor.calibration.reference import load_families  # noqa: E402
@@ -41,11 +41,9 @@ from advisor.estimate.step import estimate_records  # noqa: E402
 from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
-    PURE_LOW_PRECISION,
     OpRecord,
     StepTrace,
     call_model,
-    cast_inputs,
     default_loss,
     make_optimizer,
     trace_training_step,
@@ -146,10 +144,7 @@ def measure_cpu_step(case: CPUCase, warm: int = 2, timed: int = 7) -> float:
     """Median seconds of `timed` real training steps after `warm` ones."""
     torch.manual_seed(0)
     build, make_input, loss_fn = case.parts
-    model, inputs = build(), make_input(case.batch)
-    dtype = PURE_LOW_PRECISION.get(case.precision)
-    if dtype is not None:
-        model, inputs = model.to(dtype), cast_inputs(inputs, dtype)
+    model, inputs = cast_model_and_inputs(build(), make_input(case.batch), case.precision)
     model.train()
     optimizer = make_optimizer(case.optimizer, [p for p in model.parameters() if p.requires_grad])
     loss_fn = loss_fn or default_loss

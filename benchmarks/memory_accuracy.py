@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
-import functools
 import gc
 import statistics
 import sys
@@ -37,13 +35,14 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from advisor.hardware.loader import load_hwdb
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from zoo import cast_model_and_inputs, example  # noqa: E402
+
+from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.memory.estimate import StepMemory, device_memory, parameter_formula_bytes
-from advisor.profile.model_file import load_model_file
 from advisor.profile.trace import (
-    PURE_LOW_PRECISION,
     call_model,
-    cast_inputs,
     checkpoint_blocks,
     default_loss,
     make_optimizer,
@@ -69,16 +68,6 @@ class Case:
     accumulate: bool = False
 
 
-def example(name: str, **config_changes: Any) -> tuple[Callable, Callable, Callable | None]:
-    """build_model, example_input, loss_fn of a built-in example, its CONFIG changed as given."""
-    module = load_model_file(name)
-    if not config_changes:
-        return module.build_model, module.example_input, module.loss_fn
-    config = dataclasses.replace(module.build_model.__globals__["CONFIG"], **config_changes)
-    return (functools.partial(module.build_model, config), functools.partial(module.example_input, config=config),
-            module.loss_fn)
-
-
 def cpu_cases() -> list[Case]:
     small_llama = dict(vocab_size=32000, width=512, layers=4, heads=8, kv_heads=4, intermediate=1376, seq_len=256)
     return [
@@ -100,18 +89,13 @@ def cpu_cases() -> list[Case]:
 # ----------------------------------------------------------------------------- measuring on this CPU
 
 
-def _cast_model_and_inputs(model: torch.nn.Module, inputs: Any, precision: str) -> tuple[torch.nn.Module, Any]:
-    dtype = PURE_LOW_PRECISION.get(precision)
-    return (model, inputs) if dtype is None else (model.to(dtype), cast_inputs(inputs, dtype))
-
-
 def measure_cpu_peak(case: Case) -> int:
     """Peak live bytes of the second of two real training steps, from the profiler's allocation events."""
     torch.manual_seed(0)
     loss_fn = case.loss_fn or default_loss
     autocast = case.precision.startswith("amp")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, inputs = _cast_model_and_inputs(case.build_model(), case.example_input(case.batch), case.precision)
+        model, inputs = cast_model_and_inputs(case.build_model(), case.example_input(case.batch), case.precision)
         model.train()
         if case.checkpointing:
             checkpoint_blocks(model)

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from advisor.profile.model_file import load_model_file
+from advisor.profile.trace import PURE_LOW_PRECISION, cast_inputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ModelParts = tuple[Callable[[], nn.Module], Callable[[int], Any], Callable[[Any, Any], torch.Tensor] | None]
@@ -259,6 +260,12 @@ def example(name: str, **config_changes: Any) -> ModelParts:
     config = dataclasses.replace(module.build_model.__globals__["CONFIG"], **config_changes)
     return (functools.partial(module.build_model, config), functools.partial(module.example_input, config=config),
             module.loss_fn)
+
+
+def cast_model_and_inputs(model: nn.Module, inputs: Any, precision: str) -> tuple[nn.Module, Any]:
+    """The model and inputs cast to 16 bits for the pure low-precision precisions (bf16, fp16)."""
+    dtype = PURE_LOW_PRECISION.get(precision)
+    return (model, inputs) if dtype is None else (model.to(dtype), cast_inputs(inputs, dtype))
 
 
 def vision(build: Callable[[], nn.Module], size: int = 224) -> ModelParts:
