@@ -14,7 +14,7 @@ from advisor.calibration.reference import load_families
 from advisor.cli.calibrate import ProgressBar
 from advisor.cli.format import count, duration, si
 from advisor.cli.memory import add_memory_arguments, settings_from_arguments
-from advisor.cli.profile import add_model_arguments, positive_int, progress
+from advisor.cli.profile import add_model_arguments, positive_float, positive_int, progress
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError, did_you_mean
 from advisor.estimate.costs import DEFAULT_SAMPLES, Job
@@ -25,16 +25,6 @@ from advisor.profile.model_file import ModelFile, load_model_file
 from advisor.profile.profiler import default_batch_size
 
 SORT_KEYS = ("time", "cost", "throughput", "memory", "name")
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -110,11 +100,11 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         raise UserError(f"--top-ops must be 0 or more, got {args.top_ops}")
     _check_provider(db, args.provider)
     db = _filter_provider(db, args.provider)
-    targets = build_targets(args, db)
     model = load_model_file(args.model)
     job = job_from_arguments(args, model)
     memory = settings_from_arguments(args, args.batch_size or default_batch_size(model))
     settings = EstimateSettings(memory, job, args.spot)
+    targets = build_targets(args, db)  # after the cheap checks: --local may calibrate for seconds
     estimate = estimate_model(model, db, targets, settings, progress=progress)
     if args.json:
         print(json.dumps(estimate.to_dict(args.top_ops), indent=2))
