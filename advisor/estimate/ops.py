@@ -43,10 +43,10 @@ DTYPE_FALLBACK = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32"}
 bf16 products with fp32 accumulation on CUDA cores where there are no tensor cores (Pascal; bf16 on
 Volta and Turing), and TF32 is strict fp32 there."""
 
-SMALL_GROUP_CHANNELS = 8
-"""A convolution whose groups have fewer output or input channels than this (depthwise, and the
-grouped convolutions of MobileNets and ResNeXt's narrow stages) cannot feed tensor-core tiles: it
-runs on the vector units and its time is the longer of that and its memory traffic."""
+SMALL_GROUP_CHANNELS = 32
+"""A grouped convolution whose groups have fewer output channels than this (depthwise ones, and
+ResNeXt 32x4d's narrower stages) cannot fill tensor-core tiles (the smallest, GEMM_TILES' 64x32, is
+32 wide): it runs on the vector units and its time is the longer of that and its memory traffic."""
 
 GEMM_TILES: tuple[tuple[int, int, float], ...] = (
     (128, 128, 1.00),
@@ -140,8 +140,8 @@ def is_small_group_conv(record: OpRecord) -> bool:
     """A convolution with too few channels per group for tensor-core tiles (see SMALL_GROUP_CHANNELS)."""
     if record.gemm is None or (record.op not in CONVOLUTIONS and record.op not in CONVOLUTION_BACKWARD):
         return False
-    groups, _, n, k = record.gemm
-    return groups > 1 and min(n, k) < SMALL_GROUP_CHANNELS * 9 and n < 4 * SMALL_GROUP_CHANNELS
+    groups, _, n, _ = record.gemm
+    return groups > 1 and n < SMALL_GROUP_CHANNELS
 
 
 def classify(record: OpRecord, precision: str, cuda_autocast: bool = False) -> OpClass:

@@ -209,11 +209,10 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
         else:
             wait = host
             device_clock += host + kernel
-        bound = "compute" if compute >= memory else "memory"
-        if wait > kernel:
-            bound = "overhead"
+        kernel_bound = "compute" if compute >= memory else "memory"
+        bound = "overhead" if wait > kernel else kernel_bound
         by_bound["overhead"] += wait
-        by_bound["compute" if compute >= memory else "memory"] += kernel
+        by_bound[kernel_bound] += kernel
         ops.append(OpTime(record.phase, record.module, record.op, kind.series, kind.dtype, record.flops,
                           record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound))
     profile = device.profile
