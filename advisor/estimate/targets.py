@@ -85,9 +85,10 @@ def local_targets(db: HardwareDB, families: tuple[Family, ...], progress: Progre
         profile, note = _local_gpu_profile(target, spec, families, suite, progress, calibration_progress)
         local_id = f"local-cuda{index}"
         overhead = db.memory_overhead(spec) if spec else db.memory_overhead_default()
-        sm_count = spec.sm_count if spec else torch.cuda.get_device_properties(index).multi_processor_count
+        properties = torch.cuda.get_device_properties(index)
+        sm_count = spec.sm_count if spec else properties.multi_processor_count
         targets.append(EstimateTarget(local_id, f"this GPU: {target.name}", DeviceModel(local_id, "gpu", profile, sm_count),
-                                      torch.cuda.get_device_properties(index).total_memory, overhead, spec, True, note))
+                                      properties.total_memory, overhead, spec, True, note))
     return targets
 
 
@@ -96,10 +97,10 @@ def _local_gpu_profile(target: CalibrationTarget, spec: GPUSpec | None, families
                        ) -> tuple[CalibrationProfile, str | None]:
     """A local GPU's cached calibration; else, for a database GPU, its family's reference (say so); else
     a quick calibration measured now."""
+    if spec is None:
+        return _local_profile(target, suite, progress, calibration_progress)
     cached = load_profile(target.device, target.fingerprint)
     if cached.profile is not None:
         return cached.profile, None
-    if spec is not None:
-        return reference_profile(spec, families), (f"not calibrated ({cached.problem}): run `advisor calibrate "
-                                                   f"--device {target.device}` to measure it")
-    return _local_profile(target, suite, progress, calibration_progress)
+    return reference_profile(spec, families), (f"not calibrated ({cached.problem}): run `advisor calibrate "
+                                               f"--device {target.device}` to measure it")
