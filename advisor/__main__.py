@@ -1,5 +1,5 @@
 """`python -m advisor` runs the command line."""
 
-from advisor.cli.main import main
+from advisor.cli.main import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())

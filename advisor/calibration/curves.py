@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import OptimizeWarning, curve_fit
 
 CURVE_KINDS = ("saturating", "hierarchy")
 
@@ -160,6 +159,8 @@ def fit_curve(kind: str, work: Sequence[float], fraction: Sequence[float], peak:
     order = np.argsort(x)
     x, y = x[order], y[order]
     tau = x / peak
+    from scipy.optimize import OptimizeWarning  # imported on first fit: see _curve_fit
+
     with warnings.catch_warnings():  # exact fits leave no covariance to estimate; only the optimum is used
         warnings.simplefilter("ignore", OptimizeWarning)
         if kind == "saturating":
@@ -182,6 +183,14 @@ def _half_point(tau: np.ndarray, y: np.ndarray) -> float:
 MAX_ASYMPTOTE_OVER_BEST = 1.15
 
 
+def _curve_fit(*args: Any, **kwargs: Any) -> Any:
+    """scipy.optimize.curve_fit, imported on first use: scipy.optimize takes ~0.45 s to import, and
+    estimating (which evaluates fitted curves but never fits one) should not pay it."""
+    from scipy.optimize import curve_fit
+
+    return curve_fit(*args, **kwargs)
+
+
 def _fit_saturating(tau: np.ndarray, y: np.ndarray) -> Curve:
     if len(tau) == 1:
         return Curve.saturating(float(y[0]), 0.0, 1.0)
@@ -190,12 +199,12 @@ def _fit_saturating(tau: np.ndarray, y: np.ndarray) -> Curve:
     if len(tau) < 4:
         model = lambda t, e, h: np.log(e / (1.0 + h / t))  # noqa: E731
         bounds = ([best * 0.5, 0.0], [best * MAX_ASYMPTOTE_OVER_BEST, 10.0])
-        (e_max, tau_half), _ = curve_fit(model, tau, np.log(y), p0=guess, bounds=bounds)
+        (e_max, tau_half), _ = _curve_fit(model, tau, np.log(y), p0=guess, bounds=bounds)
         return Curve.saturating(float(e_max), float(tau_half), 1.0)
     model = lambda t, e, log_h, a: np.log(e / (1.0 + np.exp(a * (log_h - np.log(t)))))  # noqa: E731
     p0 = [guess[0], math.log(guess[1]), 1.0]
     bounds = ([best * 0.5, math.log(1e-12), 0.3], [best * MAX_ASYMPTOTE_OVER_BEST, math.log(10.0), 4.0])
-    (e_max, log_half, alpha), _ = curve_fit(model, tau, np.log(y), p0=p0, bounds=bounds, maxfev=20000)
+    (e_max, log_half, alpha), _ = _curve_fit(model, tau, np.log(y), p0=p0, bounds=bounds, maxfev=20000)
     return Curve.saturating(float(e_max), float(math.exp(log_half)), float(alpha))
 
 
@@ -215,7 +224,7 @@ def _fit_hierarchy(x: np.ndarray, tau: np.ndarray, y: np.ndarray, capacity_guess
           math.log(max(_half_point(tau, y) * 0.2, 1e-12))]
     bounds = ([1e-6, 1e-6, math.log(1e3), 0.5, math.log(1e-12)], [20.0, 50.0, math.log(1e11), 8.0, math.log(1.0)])
     p0 = [min(max(v, lo + 1e-6 * abs(hi - lo)), hi - 1e-6 * abs(hi - lo)) for v, lo, hi in zip(p0, *bounds)]
-    (e_far, e_near, log_cap, sharpness, log_half), _ = curve_fit(model, x, np.log(y), p0=p0, bounds=bounds,
+    (e_far, e_near, log_cap, sharpness, log_half), _ = _curve_fit(model, x, np.log(y), p0=p0, bounds=bounds,
                                                                  maxfev=20000)
     return Curve.hierarchy(float(e_far), float(e_near), float(math.exp(log_cap)), float(math.exp(log_half)),
                            float(sharpness))

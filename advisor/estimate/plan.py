@@ -13,7 +13,7 @@ from advisor.estimate.step import StepTime, estimate_records
 from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
-from advisor.memory.plan import MemorySettings, step_memory, trace_for_memory
+from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace
 
@@ -218,10 +218,8 @@ def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateT
                    progress: Progress = lambda message: None, trace: StepTrace | None = None) -> Estimate:
     """Trace `model`'s training step (or reuse `trace`) and estimate it on every target."""
     memory_settings = settings.memory
-    if trace is None:
-        progress(f"tracing a training step of {model.source} at batch {memory_settings.traced_batch}")
-        trace = trace_for_memory(model, memory_settings, memory_settings.traced_batch)
-    step, batch_model = step_memory(model, memory_settings, trace, progress)
+    trace, second = trace_both_batches(model, memory_settings, trace, progress)
+    step, batch_model = step_memory(trace, second)
     progress(f"estimating {len(targets)} devices")
     results = []
     # A CPU has no caching allocator: its peak is the tensors' peak.

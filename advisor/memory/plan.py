@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
+from advisor.profile.background import CHILD_GRACE_S, ForkedCall, can_fork
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace, trace_training_step
 
@@ -83,14 +86,39 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
                                accumulate_gradients=settings.accumulate_gradients)
 
 
-def step_memory(model: ModelFile, settings: MemorySettings, trace: StepTrace,
-                progress: Callable[[str], None] = lambda message: None) -> tuple[StepMemory, BatchMemoryModel]:
-    """The step's device-independent memory from `trace` (at the settings' batch), and its line
-    against batch size from a second trace at twice the batch."""
+def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
+                       progress: Callable[[str], None] = lambda message: None,
+                       parallel: bool = True) -> tuple[StepTrace, StepTrace]:
+    """The step traced at the settings' batch (or `trace`, reused) and at twice it, for the memory
+    line against batch size. With `parallel` and a second CPU, the larger trace runs in a forked child
+    while this process makes the first (see advisor.profile.background); the traces are the same
+    either way."""
     batch = settings.traced_batch
-    assert trace.batch_size == batch, "the trace must be of the settings' batch"
-    progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
-    second = trace_for_memory(model, settings, 2 * batch)
+    assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
+    if trace is not None or not (parallel and can_fork()):
+        if trace is None:
+            progress(f"tracing a training step of {model.source} at batch {batch}")
+            trace = trace_for_memory(model, settings, batch)
+        progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
+        return trace, trace_for_memory(model, settings, 2 * batch)
+    progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
+    started = time.perf_counter()
+    try:
+        child = ForkedCall(lambda: trace_for_memory(model, settings, 2 * batch))
+    except OSError:  # no process to spare (EAGAIN, ENOMEM): the second trace runs here after the first
+        child = None
+    with child or contextlib.nullcontext():
+        trace = trace_for_memory(model, settings, batch)
+    second = child.result(timeout_s=CHILD_GRACE_S + time.perf_counter() - started) if child else None
+    if second is None:
+        progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
+        second = trace_for_memory(model, settings, 2 * batch)
+    return trace, second
+
+
+def step_memory(trace: StepTrace, second: StepTrace) -> tuple[StepMemory, BatchMemoryModel]:
+    """The step's device-independent memory from `trace`, and its line against batch size through
+    `second`, a trace at a larger batch."""
     step = StepMemory.of_trace(trace)
     return step, BatchMemoryModel(step, StepMemory.of_trace(second))
 
@@ -105,11 +133,8 @@ def plan_memory(
 ) -> MemoryPlan:
     """Trace the step at the settings' batch (or reuse `trace`) and at twice it, then the memory
     on each of `gpus`."""
-    batch = settings.traced_batch
-    if trace is None:
-        progress(f"tracing a training step of {model.source} at batch {batch}")
-        trace = trace_for_memory(model, settings, batch)
-    step, batch_model = step_memory(model, settings, trace, progress)
+    trace, second = trace_both_batches(model, settings, trace, progress)
+    step, batch_model = step_memory(trace, second)
     results = tuple(device_memory(step, gpu, db.memory_overhead(gpu), batch_model, settings.cuda_context_bytes)
                     for gpu in gpus)
     return MemoryPlan(model.name, trace.params, settings, step, batch_model, results,

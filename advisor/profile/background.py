@@ -1,0 +1,96 @@
+"""Run one traced step in a forked child while this process traces another.
+
+Tracing is pure Python on fake tensors, one core's work; the memory model needs two traces (the
+settings' batch and twice it). On a machine with two or more CPUs the second runs in a child forked
+from this process, which has torch, the model file and its imports already loaded, so the pair takes
+about as long as one trace. The child is only ever an optimisation: whenever it cannot be used (no
+fork, one CPU, other threads in this process, CUDA initialised) or fails in any way, the caller gets
+None and traces in-process, where any error is raised with its traceback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Generic, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+CHILD_GRACE_S = 10.0
+"""Seconds the parent waits for a child beyond the time its own work took, before it gives up on the
+child (killed) and does the work itself."""
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def can_fork() -> bool:
+    """Whether a forked child can work beside this process: fork exists, a second CPU is free for it,
+    no other Python thread runs here (a fork copies only the calling thread; a lock held by another,
+    e.g. a TUI worker's, would stay held in the child) and CUDA is not initialised (CUDA does not
+    survive fork)."""
+    return ("fork" in multiprocessing.get_all_start_methods() and usable_cpus() >= 2
+            and threading.active_count() == 1 and not torch.cuda.is_initialized())
+
+
+class ForkedCall(Generic[T]):
+    """`work()` running in a forked child; `result()` collects its (pickled) value.
+
+    Use as a context manager around the parent's own work: leaving it by an exception kills the child."""
+
+    def __init__(self, work: Callable[[], T]) -> None:
+        context = multiprocessing.get_context("fork")
+        self._receiver, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_run_and_send, args=(work, sender), daemon=True)
+        self._process.start()
+        sender.close()
+
+    def result(self, timeout_s: float) -> T | None:
+        """The child's value, or None when it failed, died or took more than `timeout_s` seconds more."""
+        try:
+            if not self._receiver.poll(timeout_s):
+                return None
+            succeeded, value = self._receiver.recv()
+        except (EOFError, OSError):  # the child died without sending: the caller does the work itself
+            return None
+        finally:
+            self.close()
+        return value if succeeded else None
+
+    def close(self) -> None:
+        """Stop the child if it still runs and release its pipe."""
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join()
+        self._receiver.close()
+
+    def __enter__(self) -> ForkedCall[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is not None:
+            self.close()
+
+
+def _run_and_send(work: Callable[[], object], sender: Connection) -> None:
+    """In the child: send (True, value), or (False, None) when `work` raised. The parent then does the
+    work itself and raises that error there, with its traceback, so nothing is lost by not sending it."""
+    try:
+        payload = (True, work())
+    except BaseException:  # noqa: BLE001 -- reported as a failure; the parent re-runs and raises it
+        payload = (False, None)
+    try:
+        sender.send(payload)  # pickles the whole value first: a value that cannot be pickled sends nothing
+    except Exception:  # noqa: BLE001 -- same: the parent does the work itself
+        sender.send((False, None))
+    finally:
+        sender.close()

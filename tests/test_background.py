@@ -1,0 +1,67 @@
+"""The forked second trace: the child's value comes back, failures fall back to the caller, and the
+memory model is the same whether the two traces ran in one process or two."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from advisor.memory.estimate import StepMemory
+from advisor.memory.plan import MemorySettings, trace_both_batches
+from advisor.profile.background import ForkedCall, can_fork
+from advisor.profile.model_file import load_model_file
+
+needs_fork = pytest.mark.skipif(not can_fork(), reason="needs fork, two CPUs and no other thread")
+
+
+@needs_fork
+def test_the_value_is_computed_in_a_child_and_comes_back() -> None:
+    parent = os.getpid()
+    with ForkedCall(lambda: (os.getpid(), [1.5, "two"])) as child:
+        pass
+    pid, value = child.result(timeout_s=30)
+    assert pid != parent and value == [1.5, "two"]
+
+
+@needs_fork
+def test_a_failing_or_unpicklable_child_gives_none() -> None:
+    def fails() -> None:
+        raise ValueError("in the child")
+
+    with ForkedCall(fails) as child:
+        pass
+    assert child.result(timeout_s=30) is None
+    with ForkedCall(lambda: (lambda: None)) as child:  # a lambda cannot be pickled
+        pass
+    assert child.result(timeout_s=30) is None
+
+
+@needs_fork
+def test_a_slow_child_is_killed_after_the_timeout() -> None:
+    with ForkedCall(lambda: time.sleep(60)) as child:
+        pass
+    started = time.perf_counter()
+    assert child.result(timeout_s=0.2) is None
+    assert time.perf_counter() - started < 10
+    assert not child._process.is_alive()
+
+
+@needs_fork
+def test_an_error_in_the_parent_kills_the_child() -> None:
+    with pytest.raises(RuntimeError, match="parent"):
+        with ForkedCall(lambda: time.sleep(60)) as child:
+            raise RuntimeError("parent")
+    assert not child._process.is_alive()
+
+
+@needs_fork
+def test_both_batches_give_the_same_memory_in_one_process_or_two() -> None:
+    model = load_model_file("mlp")
+    settings = MemorySettings(batch_size=8, precision="fp32", optimizer="adamw")
+    forked = trace_both_batches(model, settings, parallel=True)
+    serial = trace_both_batches(model, settings, parallel=False)
+    assert [t.batch_size for t in forked] == [t.batch_size for t in serial] == [8, 16]
+    assert [StepMemory.of_trace(t) for t in forked] == [StepMemory.of_trace(t) for t in serial]
+    assert [len(t.records) for t in forked] == [len(t.records) for t in serial]
