@@ -12,6 +12,7 @@ dtype and 75% of its bandwidth (the sustained bandwidth on the CPU, which has no
 max of the two, summed: no calibration, no size effects, no overheads.
 
     python benchmarks/accuracy.py [--part cpu|published|all] [--out benchmarks/results/accuracy.txt]
+        [--summary calibration/accuracy.yaml]
 """
 
 from __future__ import annotations
@@ -94,6 +95,16 @@ def summary(rows: list[Row], title: str) -> list[str]:
     bare = [abs(error(r.bare, r.measured)) for r in rows]
     return [f"{title:<44} n={len(rows):>3}  ours median {statistics.median(ours):6.1%} mean {statistics.mean(ours):6.1%}"
             f"   bare roofline median {statistics.median(bare):6.1%} mean {statistics.mean(bare):6.1%}"]
+
+
+def summary_figures(rows: list[Row], what: str) -> dict[str, object]:
+    """The medians and means of |error| as data (calibration/accuracy.yaml), fractions."""
+    ours = [abs(error(r.ours, r.measured)) for r in rows]
+    bare = [abs(error(r.bare, r.measured)) for r in rows]
+    return {"what": what, "rows": len(rows), "median_abs_error": round(statistics.median(ours), 4),
+            "mean_abs_error": round(statistics.mean(ours), 4),
+            "bare_roofline_median_abs_error": round(statistics.median(bare), 4),
+            "bare_roofline_mean_abs_error": round(statistics.mean(bare), 4)}
 
 
 def grouped(rows: list[Row], key: Callable[[Row], str], heading: str) -> list[str]:
@@ -300,7 +311,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("cpu", "published", "all"), default="all")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
+    parser.add_argument("--summary", type=Path, help="also write the medians to this YAML file (the planning "
+                        "report quotes calibration/accuracy.yaml)")
     args = parser.parse_args()
+    summaries: dict[str, dict[str, object]] = {}
     lines = [f"gpu-advisor accuracy benchmark, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
              f"{torch.get_num_threads()} threads",
              "error = predicted / measured - 1, for step time (CPU, ms/step) or throughput (published rows); "
@@ -310,8 +324,12 @@ def main() -> int:
         rows, notes = cpu_rows()
         lines += ["", "1. This CPU: real training steps (median) vs the --local prediction", *notes, *table(rows), "",
                   *summary(rows, "CPU, all models")]
+        summaries["cpu"] = summary_figures(rows, "step time of real training steps on the benchmark machine's CPU "
+                                           "against the --local prediction")
     if args.part in ("published", "all"):
         rows, skipped = published_rows()
+        summaries["published"] = summary_figures(rows, "training throughput of published single-GPU measurements "
+                                                 "(../shared/validation) against the prediction for that GPU")
         lines += ["", "2. Published single-GPU rows (../shared/validation/published-throughput.csv)", *table(rows),
                   "", *summary(rows, "published rows, all"),
                   *grouped(rows, lambda r: r.model, "by model:"),
@@ -323,6 +341,10 @@ def main() -> int:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.summary:
+        document = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                    "command": f"python benchmarks/accuracy.py --part {args.part}", **summaries}
+        args.summary.write_text(yaml.safe_dump(document, sort_keys=False))
     return 0
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from advisor import units
 from advisor.calibration.reference import load_families
 from advisor.cli.calibrate import ProgressBar
-from advisor.cli.format import count, duration, si
+from advisor.cli.format import count, duration, money, plan_duration, si
 from advisor.cli.memory import add_memory_arguments, settings_from_arguments
 from advisor.cli.profile import add_model_arguments, positive_float, positive_int, progress
 from advisor.cli.table import Column, render_table
@@ -36,6 +36,16 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
                     "peaks and calibration, check memory, and turn the step into time-to-train and money. "
                     "Without MODEL it runs the built-in resnet50 example.",
     )
+    add_estimate_arguments(parser)
+    parser.add_argument("--sort", choices=SORT_KEYS, default="time",
+                        help="table order among devices that fit (default time-to-train); the rest follow")
+    parser.add_argument("--top-ops", type=int, default=10, metavar="N", help="ops per device in --json (default 10)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output (PRODUCT.md schema)")
+    parser.set_defaults(run=run)
+
+
+def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, training settings, targets and job: shared by `estimate` and `report`."""
     add_model_arguments(parser)
     add_memory_arguments(parser)
     parser.add_argument("--local", action="store_true",
@@ -48,11 +58,18 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     job.add_argument("--steps", type=positive_int, metavar="N", help="optimizer steps instead of samples x epochs")
     parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
     parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
-    parser.add_argument("--sort", choices=SORT_KEYS, default="time",
-                        help="table order among devices that fit (default time-to-train); the rest follow")
-    parser.add_argument("--top-ops", type=int, default=10, metavar="N", help="ops per device in --json (default 10)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output (PRODUCT.md schema)")
-    parser.set_defaults(run=run)
+
+
+def estimate_from_arguments(args: argparse.Namespace, db: HardwareDB) -> Estimate:
+    """Check the arguments, then trace and estimate (the part `estimate` and `report` share)."""
+    _check_provider(db, args.provider)
+    db = _filter_provider(db, args.provider)
+    model = load_model_file(args.model)
+    job = job_from_arguments(args, model)
+    memory = settings_from_arguments(args, args.batch_size or default_batch_size(model))
+    settings = EstimateSettings(memory, job, args.spot)
+    targets = build_targets(args, db)  # after the cheap checks: --local may calibrate for seconds
+    return estimate_model(model, db, targets, settings, progress=progress)
 
 
 def job_from_arguments(args: argparse.Namespace, model: ModelFile) -> Job:
@@ -98,14 +115,7 @@ def build_targets(args: argparse.Namespace, db: HardwareDB) -> list[EstimateTarg
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
     if args.top_ops < 0:
         raise UserError(f"--top-ops must be 0 or more, got {args.top_ops}")
-    _check_provider(db, args.provider)
-    db = _filter_provider(db, args.provider)
-    model = load_model_file(args.model)
-    job = job_from_arguments(args, model)
-    memory = settings_from_arguments(args, args.batch_size or default_batch_size(model))
-    settings = EstimateSettings(memory, job, args.spot)
-    targets = build_targets(args, db)  # after the cheap checks: --local may calibrate for seconds
-    estimate = estimate_model(model, db, targets, settings, progress=progress)
+    estimate = estimate_from_arguments(args, db)
     if args.json:
         print(json.dumps(estimate.to_dict(args.top_ops), indent=2))
     else:
@@ -133,27 +143,6 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / units.GIB:.1f}"
 
 
-def _money(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 100:
-        return f"{value:,.0f}"
-    if value >= 0.1:
-        return f"{value:.2f}"
-    return f"{value:.2g}"
-
-
-def _hours(seconds: float) -> str:
-    """Time-to-train in the unit a person plans with."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
-
-
 def sort_results(estimate: Estimate, key: str) -> list[DeviceEstimate]:
     """Devices that fit in the order asked for, then the rest as ranked (closest to fitting first)."""
     fitting = estimate.fitting
@@ -179,7 +168,7 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     memory = f"{gib(result.memory.peak_bytes)}/{gib(result.memory.capacity_bytes)}"
     max_batch = "-" if result.memory.max_batch_size is None else str(result.memory.max_batch_size)
     gpu = result.target.gpu
-    buy = _money(gpu.purchase_usd) if gpu is not None else "-"
+    buy = money(gpu.purchase_usd) if gpu is not None else "-"
     calibration = result.target.calibration
     if not result.fits:
         short = f"does not fit: {gib(result.memory.missing_bytes)} GiB short"
@@ -191,8 +180,8 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     cheapest_spot = result.cheapest(spot=True)
     return [
         str(rank), result.id, memory, max_batch, duration(result.step_time_s), f"{result.throughput:,.1f}",
-        _hours(result.time_to_train_s), result.step.bound, where, _money(result.job_cost_usd()),
-        _money(None if cheapest_spot is None else cheapest_spot.spot_cost_usd), buy, calibration,
+        plan_duration(result.time_to_train_s), result.step.bound, where, money(result.job_cost_usd()),
+        money(None if cheapest_spot is None else cheapest_spot.spot_cost_usd), buy, calibration,
     ]
 
 
@@ -248,23 +237,22 @@ def _summary(estimate: Estimate) -> list[str]:
     by_time, by_cost, pareto = estimate.by_time(), estimate.by_cost(), estimate.pareto()
     if by_time:
         best = by_time[0]
-        lines.append(f"Fastest: {best.id}, {_hours(best.time_to_train_s)} ({best.step.bound}-bound)")
+        lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({best.step.bound}-bound)")
     if by_cost:
         best = by_cost[0]
         offer = best.cheapest(spot)
         assert offer is not None
         kind = "spot" if spot else "on demand"
         lines.append(f"Cheapest to rent ({kind}): {best.id} on {offer.provider} {offer.instance}, "
-                     f"{_money(best.job_cost_usd(spot))} USD in {_hours(best.time_to_train_s)}")
+                     f"{money(best.job_cost_usd(spot))} USD in {plan_duration(best.time_to_train_s)}")
     if pareto:
         lines.append("Best time/cost trade-offs (Pareto): " + ", ".join(
-            f"{r.id} ({_hours(r.time_to_train_s)}, {_money(r.job_cost_usd(spot))} USD)" for r in pareto))
-    owned = [r for r in estimate.fitting if r.owning is not None]
-    if owned:
-        best = min(owned, key=lambda r: (r.owning.purchase_usd / r.throughput, r.id))  # type: ignore[union-attr]
+            f"{r.id} ({plan_duration(r.time_to_train_s)}, {money(r.job_cost_usd(spot))} USD)" for r in pareto))
+    best = estimate.best_value_to_buy()
+    if best is not None:
         owning = best.owning
         assert owning is not None
-        line = (f"Best value to buy: {best.id}, {_money(owning.purchase_usd)} USD for {best.throughput:,.1f} "
+        line = (f"Best value to buy: {best.id}, {money(owning.purchase_usd)} USD for {best.throughput:,.1f} "
                 f"{estimate.model.sample_unit}/s")
         if owning.break_even_hours is not None:
             line += (f"; pays off against renting it after {owning.break_even_hours:,.0f} h of training "

@@ -42,3 +42,25 @@ def duration(seconds: float, digits: int = 3) -> str:
         if abs(seconds) >= scale:
             return f"{_significant(seconds / scale, digits)} {prefix}s"
     return "0 s" if seconds == 0 else f"{seconds:.2g} s"
+
+
+def money(value: float | None) -> str:
+    """USD with the precision a budget needs: 1,234 / 12.34 / 0.012; "-" for none."""
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.2g}"
+
+
+def plan_duration(seconds: float) -> str:
+    """Time-to-train in the unit a person plans with."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"

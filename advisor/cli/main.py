@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from advisor import __version__
-from advisor.cli import calibrate, estimate, gpus, memory, profile
+from advisor.cli import calibrate, estimate, gpus, memory, profile, report
 from advisor.errors import UserError
 from advisor.hardware.loader import load_hwdb
 
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_parser(subparsers, [common])
     memory.add_parser(subparsers, [common])
     calibrate.add_parser(subparsers, [common])
+    report.add_parser(subparsers, [common])
     return parser
 
 

@@ -153,6 +153,22 @@ class Estimate:
         front = set(pareto_front([(r.id, r.time_to_train_s, r.job_cost_usd(spot) or 0.0) for r in rented]))
         return sorted((r for r in rented if r.id in front), key=lambda r: (r.time_to_train_s, r.id))
 
+    def best_value_to_buy(self) -> DeviceEstimate | None:
+        """The purchasable device the model fits on with the lowest price per sample/s of throughput."""
+        owned = [r for r in self.fitting if r.owning is not None]
+        return min(owned, key=lambda r: (r.owning.purchase_usd / r.throughput, r.id),  # type: ignore[union-attr]
+                   default=None)
+
+    def fastest_within_budget(self, budget_usd: float) -> DeviceEstimate | None:
+        """The fastest rentable device whose job costs at most `budget_usd` (spot with settings.spot)."""
+        spot = self.settings.spot
+        affordable = [r for r in self.by_cost() if (r.job_cost_usd(spot) or 0.0) <= budget_usd]
+        return min(affordable, key=lambda r: (r.time_to_train_s, r.id), default=None)
+
+    def cheapest_within_deadline(self, deadline_s: float) -> DeviceEstimate | None:
+        """The rentable device with the cheapest job that still finishes within `deadline_s` seconds."""
+        return next((r for r in self.by_cost() if r.time_to_train_s <= deadline_s), None)
+
     def result(self, device_id: str) -> DeviceEstimate:
         return next(r for r in self.results if r.id == device_id)
 

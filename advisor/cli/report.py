@@ -1,0 +1,49 @@
+"""`advisor report [MODEL.py] -o plan.html|plan.md`: the pre-purchase planning report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from advisor.cli.estimate import add_estimate_arguments, estimate_from_arguments, fits_nowhere_message
+from advisor.cli.profile import positive_float
+from advisor.errors import UserError
+from advisor.hardware.specs import HardwareDB
+from advisor.report.content import build_report
+from advisor.report.render import report_format, write_report
+
+SECONDS_PER_HOUR = 3600.0
+
+
+def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        parents=parents,
+        help="the planning report (HTML or Markdown with charts) for the purchase decision",
+        description="Estimate MODEL on every device (as `advisor estimate`) and write the planning report: "
+                    "recommendations, the model, charts of time against cost, memory and buy-versus-rent, the "
+                    "device table, cloud offers with price dates and sources, assumptions and accuracy. "
+                    "Without MODEL it reports on the built-in resnet50 example.",
+    )
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
+                        help="plan.html (one self-contained file) or plan.md (charts in PATH-stem_charts/)")
+    add_estimate_arguments(parser)
+    parser.add_argument("--budget-usd", type=positive_float, metavar="USD",
+                        help="also recommend the fastest device whose job costs at most this")
+    parser.add_argument("--deadline-hours", type=positive_float, metavar="H",
+                        help="also recommend the cheapest device that finishes the job within this")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, db: HardwareDB) -> int:
+    report_format(args.output)  # a bad file name is an error before seconds of tracing
+    estimate = estimate_from_arguments(args, db)
+    deadline = None if args.deadline_hours is None else args.deadline_hours * SECONDS_PER_HOUR
+    report = build_report(estimate, db, args.budget_usd, deadline)
+    written = write_report(report, args.output)
+    print(f"advisor: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    print(args.output)
+    if not estimate.fitting:  # the report says so too; scripts see it in the exit code, as with `estimate`
+        raise UserError(fits_nowhere_message(estimate))
+    return 0

@@ -1,0 +1,287 @@
+"""What the planning report says, built once from an Estimate and rendered to HTML or Markdown by the
+templates: recommendations with their reason, the model, where the time goes, the charts, the device
+table, the cloud offers with their price dates and sources, the assumptions and the accuracy figures.
+
+Every figure is formatted here, so both renderings say exactly the same thing and no template ever
+prints a raw float, None or nan."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from advisor import __version__, units
+from advisor.cli.format import count, duration, money, percent, plan_duration, si
+from advisor.estimate.plan import DeviceEstimate, Estimate
+from advisor.hardware.specs import HardwareDB, Source
+from advisor.paths import shipped_dir
+from advisor.report.charts import Chart, all_charts
+
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "overhead")
+TOP_OPS = 8
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    title: str
+    device: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    rank: str
+    device: str
+    name: str
+    memory: str
+    max_batch: str
+    step: str
+    throughput: str
+    train: str
+    bound: str
+    cloud: str
+    job_usd: str
+    spot_usd: str
+    buy_usd: str
+    calibration: str
+    fits: bool
+
+
+@dataclass(frozen=True)
+class OfferRow:
+    device: str
+    provider: str
+    instance: str
+    region: str
+    usd_per_hour: str
+    spot_usd_per_hour: str
+    job_usd: str
+    spot_job_usd: str
+    price_date: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """The report's content, formatted. Charts hold SVG text."""
+
+    title: str
+    created: str
+    generator: str
+    model_lines: tuple[tuple[str, str], ...]
+    settings_lines: tuple[tuple[str, str], ...]
+    recommendations: tuple[Recommendation, ...]
+    memory_device: str
+    memory_parts: tuple[tuple[str, str, str], ...]
+    """(part, GiB, share of the peak)."""
+    time_device: str
+    time_bounds: tuple[tuple[str, str, str], ...]
+    """(compute/memory/overhead, time, share)."""
+    top_ops: tuple[tuple[str, ...], ...]
+    """(op, phase, calls, time, share, bound) per row, formatted."""
+    charts: tuple[Chart, ...]
+    devices: tuple[DeviceRow, ...]
+    offers: tuple[OfferRow, ...]
+    sources: tuple[Source, ...]
+    """The price sources the offers cite."""
+    assumptions: tuple[str, ...]
+    accuracy: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = None, deadline_s: float | None = None,
+                 accuracy_file: Path | None = None, now: dt.datetime | None = None) -> Report:
+    """The report for `estimate` (made with `db`, whose sources the offers cite); `budget_usd` and
+    `deadline_s` add the best choice under them."""
+    offers = tuple(_offers(estimate))
+    model, trace, settings = estimate.model, estimate.trace, estimate.settings
+    memory = settings.memory
+    lead = (estimate.by_time() or list(estimate.results))[0]
+    created = (now or dt.datetime.now(dt.timezone.utc)).replace(microsecond=0)
+    return Report(
+        title=f"Training plan for {model.name}",
+        created=created.isoformat(),
+        generator=f"gpu-advisor {__version__}",
+        model_lines=(
+            ("Model", f"{model.name} ({model.source})"),
+            ("Parameters", count(trace.params)),
+            ("Forward pass", f"{si(trace.model_forward_flops(), 'FLOP')} at batch {memory.traced_batch}"),
+            ("Training step", f"{si(trace.flops(), 'FLOP')}, {si(trace.bytes_moved(), 'B')} moved "
+                              f"(batch {memory.traced_batch}; 2 FLOPs per multiply-add)"),
+        ),
+        settings_lines=_settings_lines(estimate),
+        recommendations=tuple(recommendations(estimate, budget_usd, deadline_s)),
+        memory_device=lead.id,
+        memory_parts=_memory_parts(lead),
+        time_device=lead.id,
+        time_bounds=_time_bounds(lead),
+        top_ops=_top_ops(lead),
+        charts=tuple(all_charts(estimate)),
+        devices=tuple(_device_row(i, r, settings.spot) for i, r in enumerate(_table_order(estimate), 1)),
+        offers=offers,
+        sources=tuple(db.source(key) for key in sorted({o.source for o in offers})),
+        assumptions=tuple(_assumptions(estimate)),
+        accuracy=tuple(accuracy_lines(accuracy_file)),
+    )
+
+
+def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: float | None) -> list[Recommendation]:
+    """Fastest, cheapest to rent, best value to buy, and the best under the budget or deadline given,
+    each with its reason in one line; the devices are the estimator's own ranking."""
+    spot = estimate.settings.spot
+    kind = "spot" if spot else "on demand"
+    unit = estimate.model.sample_unit
+    found: list[Recommendation] = []
+    by_time, by_cost = estimate.by_time(), estimate.by_cost()
+    if by_time:
+        best = by_time[0]
+        runner_up = f"; next: {by_time[1].id} at {plan_duration(by_time[1].time_to_train_s)}" if len(by_time) > 1 else ""
+        found.append(Recommendation("Fastest", best.id, f"trains in {plan_duration(best.time_to_train_s)} "
+                                    f"({best.throughput:,.1f} {unit}/s, {best.step.bound}-bound){runner_up}"))
+    if by_cost:
+        best = by_cost[0]
+        offer = best.cheapest(spot)
+        assert offer is not None
+        found.append(Recommendation(f"Cheapest to rent ({kind})", best.id,
+                                    f"{money(best.job_cost_usd(spot))} USD for the job on {offer.provider} "
+                                    f"{offer.instance} at {offer.usd_per_hour:.2f} USD/GPU-hour, "
+                                    f"{plan_duration(best.time_to_train_s)}"))
+    value = estimate.best_value_to_buy()
+    if value is not None and value.owning is not None:
+        owning = value.owning
+        pays = (f"; pays off against renting after {owning.break_even_hours:,.0f} h of training"
+                if owning.break_even_hours is not None else "")
+        found.append(Recommendation("Best value to buy", value.id,
+                                    f"{money(owning.purchase_usd)} USD for {value.throughput:,.1f} {unit}/s, "
+                                    f"the lowest price per throughput{pays}"))
+    if budget_usd is not None:
+        best = estimate.fastest_within_budget(budget_usd)
+        title = f"Fastest within {money(budget_usd)} USD"
+        found.append(Recommendation(title, best.id, f"{plan_duration(best.time_to_train_s)} for "
+                                    f"{money(best.job_cost_usd(spot))} USD ({kind})") if best is not None
+                     else Recommendation(title, "no device", "no rentable device trains the job within the budget"))
+    if deadline_s is not None:
+        best = estimate.cheapest_within_deadline(deadline_s)
+        title = f"Cheapest within {plan_duration(deadline_s)}"
+        found.append(Recommendation(title, best.id, f"{money(best.job_cost_usd(spot))} USD ({kind}), done in "
+                                    f"{plan_duration(best.time_to_train_s)}") if best is not None
+                     else Recommendation(title, "no device", "no rentable device finishes the job by the deadline"))
+    if not estimate.fitting:
+        found.append(Recommendation("Does not fit", "no device",
+                                    "the model fits on none of the devices at these settings; see the memory chart"))
+    return found
+
+
+def _settings_lines(estimate: Estimate) -> tuple[tuple[str, str], ...]:
+    settings = estimate.settings
+    memory = settings.memory
+    batch = f"{memory.batch_size}"
+    if memory.accumulate_gradients:
+        batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
+    return (
+        ("Batch size", batch),
+        ("Precision", memory.precision),
+        ("Optimizer", memory.optimizer),
+        ("Activation checkpointing", "yes" if memory.checkpointing else "no"),
+        ("Job", settings.job.describe(memory.batch_size, estimate.model.sample_unit)),
+        ("Cloud prices ranked", "spot" if settings.spot else "on demand"),
+    )
+
+
+def _memory_parts(result: DeviceEstimate) -> tuple[tuple[str, str, str], ...]:
+    peak = result.memory.peak_bytes or 1
+    parts = [(part, f"{result.memory.memory.get(part, 0) / units.GIB:.2f}",
+              percent(result.memory.memory.get(part, 0) / peak)) for part in MEMORY_PARTS]
+    return (*parts, ("peak", f"{result.memory.peak_bytes / units.GIB:.2f}", "100%"))
+
+
+def _time_bounds(result: DeviceEstimate) -> tuple[tuple[str, str, str], ...]:
+    step = result.step
+    total = step.step_s or 1.0
+    return tuple((bound, duration(seconds), percent(seconds / total)) for bound, seconds in step.by_bound.items())
+
+
+def _top_ops(result: DeviceEstimate) -> tuple[tuple[str, ...], ...]:
+    return tuple((row["op"], row["phase"], str(row["calls"]), duration(row["seconds"]), percent(row["share"]),
+                  row["bound"]) for row in result.step.top_ops(TOP_OPS))
+
+
+def _table_order(estimate: Estimate) -> list[DeviceEstimate]:
+    return estimate.by_time() + [r for r in estimate.results if not r.fits]
+
+
+def _device_row(rank: int, result: DeviceEstimate, spot: bool) -> DeviceRow:
+    memory = f"{result.memory.peak_bytes / units.GIB:.1f} / {result.memory.capacity_bytes / units.GIB:.1f}"
+    max_batch = "-" if result.memory.max_batch_size is None else f"{result.memory.max_batch_size:,}"
+    gpu = result.target.gpu
+    buy = money(gpu.purchase_usd) if gpu is not None and gpu.purchase_usd is not None else "-"
+    if not result.fits:
+        short = f"{result.memory.missing_bytes / units.GIB:.1f} GiB short"
+        return DeviceRow("-", result.id, result.target.name, memory, max_batch, "does not fit", short, "-", "-", "-",
+                         "-", "-", buy, result.target.calibration, False)
+    offer = result.cheapest(spot)
+    cloud = "-" if offer is None else f"{offer.provider} {offer.instance}"
+    cheapest_spot = result.cheapest(spot=True)
+    return DeviceRow(str(rank), result.id, result.target.name, memory, max_batch, duration(result.step_time_s),
+                     f"{result.throughput:,.1f}", plan_duration(result.time_to_train_s), result.step.bound, cloud,
+                     money(result.job_cost_usd()),
+                     money(None if cheapest_spot is None else cheapest_spot.spot_cost_usd), buy,
+                     result.target.calibration, True)
+
+
+def _offers(estimate: Estimate) -> list[OfferRow]:
+    rows = []
+    for result in estimate.by_cost():
+        for offer in result.cloud:
+            rows.append(OfferRow(result.id, offer.provider, offer.instance + (f" ({offer.gpus_per_instance}x)"
+                                                                              if offer.gpus_per_instance > 1 else ""),
+                                 offer.region, f"{offer.usd_per_hour:.2f}",
+                                 "-" if offer.spot_usd_per_hour is None else f"{offer.spot_usd_per_hour:.2f}",
+                                 money(offer.cost_usd), money(offer.spot_cost_usd), offer.price_date, offer.source))
+    return rows
+
+
+def _assumptions(estimate: Estimate) -> list[str]:
+    settings = estimate.settings
+    memory = settings.memory
+    measured = [r.id for r in estimate.results if r.target.calibration == "measured"]
+    defaults = sum(1 for r in estimate.results if r.target.calibration == "default")
+    lines = [
+        f"One training step was traced on fake tensors (no weights, no data) at batch {memory.traced_batch} "
+        f"in {memory.precision} with {memory.optimizer}; every op is timed on every device from its peaks and "
+        "calibrated efficiency curves (compute-, memory- or overhead-bound).",
+        f"The job is {settings.job.describe(memory.batch_size, estimate.model.sample_unit)}.",
+        "Cloud cost is GPU-hours x price per GPU-hour of one GPU (on a multi-GPU instance, its share); "
+        "buying is the card's price plus electricity at its board power "
+        f"({estimate.electricity_usd_per_kwh:.2f} USD/kWh).",
+    ]
+    if defaults:
+        lines.append(f"{defaults} devices use the documented default calibration of their GPU family (no "
+                     "measurement of that GPU): expect larger errors there.")
+    if measured:
+        lines.append(f"Measured calibration: {', '.join(measured)}.")
+    lines += [f"{r.id}: {r.target.note}" for r in estimate.results if r.target.note]
+    return lines
+
+
+def accuracy_lines(path: Path | None = None) -> list[str]:
+    """The accuracy figures benchmarks/accuracy.py measured last (calibration/accuracy.yaml)."""
+    path = path or shipped_dir("calibration", "suite.yaml") / "accuracy.yaml"
+    if not path.is_file():
+        return [f"No accuracy figures found ({path.name} is missing)."]
+    document = yaml.safe_load(path.read_text())
+    lines = []
+    for key in ("cpu", "published"):
+        part = document.get(key)
+        if part:
+            lines.append(f"{part['what']}: median error {percent(part['median_abs_error'])} over {part['rows']} "
+                         f"rows (mean {percent(part['mean_abs_error'])}); a bare roofline at 75% of peak: "
+                         f"{percent(part['bare_roofline_median_abs_error'])}.")
+    lines.append(f"Measured {document['date']} with torch {document['torch']} (`{document['command']}`).")
+    return lines

@@ -1,0 +1,152 @@
+"""The planning report: its recommendations are the estimator's ranking, every chart is there, both
+renderings carry the same content with no missing value shown as nan/None, and `advisor report`
+writes the files or fails in one sentence. A headless-Chromium screenshot runs where Chromium is."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from advisor.calibration.reference import load_families
+from advisor.cli.main import main
+from advisor.estimate.costs import Job
+from advisor.estimate.plan import EstimateSettings, estimate_model
+from advisor.estimate.targets import database_targets
+from advisor.hardware.loader import load_hwdb
+from advisor.memory.plan import MemorySettings
+from advisor.profile.model_file import load_model_file
+from advisor.report.content import build_report
+from advisor.report.render import render_html, write_report
+
+GPUS = ("rtx-3090", "h100-sxm", "t4", "a100-sxm4-80gb", "rtx-4090", "rtx-3060")
+CHARTS = ("time_vs_cost", "memory", "buy_vs_rent")
+FIXED_TIME = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.timezone.utc)
+MISSING = re.compile(r"\b(nan|None|null|inf)\b", re.IGNORECASE)
+
+
+@pytest.fixture(scope="module")
+def estimate_and_db():
+    """The MLP at batch 700,000 (about 13.5 GiB of training memory): fits the 16-80 GiB cards, not the
+    12 GiB rtx-3060; 70,000,000 samples = 100 steps."""
+    db = load_hwdb([])
+    targets = database_targets(db, [db.gpu(i) for i in GPUS], load_families(db))
+    settings = EstimateSettings(MemorySettings(700_000, "fp32", "adamw"), Job(samples=70_000_000, epochs=1))
+    return estimate_model(load_model_file("mlp"), db, targets, settings), db
+
+
+@pytest.fixture(scope="module")
+def report(estimate_and_db):
+    estimate, db = estimate_and_db
+    return build_report(estimate, db, budget_usd=1e6, deadline_s=1.0, now=FIXED_TIME)
+
+
+def visible_text(document: str) -> str:
+    """The HTML's text as a reader sees it: SVG drawings, styles and tags removed."""
+    document = re.sub(r"<svg.*?</svg>|<style>.*?</style>", " ", document, flags=re.DOTALL)
+    return html.unescape(re.sub(r"<[^>]+>", " ", document))
+
+
+def test_recommendations_are_the_estimators_ranking(estimate_and_db, report) -> None:
+    estimate, _ = estimate_and_db
+    chosen = {r.title: r.device for r in report.recommendations}
+    assert chosen["Fastest"] == estimate.by_time()[0].id
+    assert chosen["Cheapest to rent (on demand)"] == estimate.by_cost()[0].id
+    assert chosen["Best value to buy"] == estimate.best_value_to_buy().id
+    # a budget of a million USD buys every rentable device: the fastest of them
+    fastest_rentable = min(estimate.by_cost(), key=lambda r: r.time_to_train_s)
+    assert chosen["Fastest within 1,000,000 USD"] == fastest_rentable.id
+    # a one-second deadline cannot be met (100 steps of 700,000 samples)
+    assert chosen["Cheapest within 1.0 s"] == "no device"
+    assert all(r.reason for r in report.recommendations)
+
+
+def test_the_device_that_does_not_fit_is_set_apart(estimate_and_db, report) -> None:
+    estimate, _ = estimate_and_db
+    assert not estimate.result("rtx-3060").fits
+    last = report.devices[-1]
+    assert last.device == "rtx-3060" and not last.fits and last.step == "does not fit"
+    assert last.throughput.endswith("GiB short")
+    assert [d.device for d in report.devices[:-1]] == [r.id for r in estimate.by_time()]
+
+
+def test_html_is_self_contained_with_every_chart_and_no_missing_values(report) -> None:
+    document = render_html(report)
+    assert document.startswith("<!DOCTYPE html>")
+    for name in CHARTS:
+        assert re.search(rf'<figure id="chart-{name}">\s*<h3>[^<]+</h3>\s*<svg', document), name
+    assert "<script" not in document and "<link" not in document and 'src="http' not in document
+    text = visible_text(document)
+    assert not MISSING.findall(text), MISSING.findall(text)[:5]
+    for device in GPUS:
+        assert device in text
+    assert "Price sources" in text and "Accuracy" in text and "median error" in text
+
+
+def test_markdown_has_the_same_content_and_its_charts_beside_it(report, tmp_path: Path) -> None:
+    written = write_report(report, tmp_path / "plan.md")
+    assert [p.name for p in written] == ["plan.md", *(f"{name}.svg" for name in CHARTS)]
+    text = (tmp_path / "plan.md").read_text()
+    for name in CHARTS:
+        assert f"](plan_charts/{name}.svg)" in text
+        assert (tmp_path / "plan_charts" / f"{name}.svg").read_text().startswith("<svg")
+    assert not MISSING.findall(text), MISSING.findall(text)[:5]
+    for recommendation in report.recommendations:
+        assert recommendation.device in text
+    rows = [line for line in text.splitlines() if re.match(r"\| (\d+|-) \| ", line)]
+    assert len(rows) == len(GPUS)  # the device table: one row per device
+
+
+def test_charts_are_deterministic(estimate_and_db) -> None:
+    estimate, db = estimate_and_db
+    first = build_report(estimate, db, now=FIXED_TIME)
+    again = build_report(estimate, db, now=FIXED_TIME)
+    assert [c.svg for c in first.charts] == [c.svg for c in again.charts]
+
+
+def test_cli_writes_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.html"
+    assert main(["report", "mlp", "--gpu", "rtx-3090", "--gpu", "t4", "-o", str(out), "--budget-usd", "1"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert "Fastest within 1.00 USD" in visible_text(out.read_text())
+
+
+@pytest.mark.parametrize("name, message", [
+    ("plan.pdf", "cannot tell the report format from 'plan.pdf': name it .html or .md"),
+    ("missing/plan.html", "folder"),
+])
+def test_cli_errors_are_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
+                                     message: str) -> None:
+    assert main(["report", "mlp", "--gpu", "t4", "-o", str(tmp_path / name)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("advisor: error: ") and message in error
+
+
+def test_a_model_that_fits_nowhere_still_gets_its_report_and_exit_2(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.md"
+    assert main(["report", "mlp", "--gpu", "rtx-3060", "--batch-size", "2000000", "-o", str(out)]) == 2
+    assert "does not fit on any of the 1 devices" in capsys.readouterr().err
+    text = out.read_text()
+    assert "**Does not fit** | `no device`" in text and "GiB short" in text
+
+
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium browser (apt install chromium)")
+def test_html_renders_in_headless_chromium(report, tmp_path: Path) -> None:
+    page = tmp_path / "plan.html"
+    write_report(report, page)
+    shot = tmp_path / "plan.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1200,2000", f"--screenshot={shot}", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 50_000  # a blank page is a few KB
