@@ -1,30 +1,350 @@
-"""The `gpu-advisor` app driven with Textual's pilot."""
+"""The `gpu-advisor` app driven with Textual's pilot: the estimate screen with its settings, sorting,
+detail, chart and export; this machine's calibration; help, command palette, a too-small terminal;
+the database screen. Snapshot tests of the main screens (pytest-textual-snapshot) at the end."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
-from textual.widgets import DataTable, Static
+import pytest
+from textual.widgets import DataTable, Input, Select, Static, TabbedContent
 
 from advisor.hardware.loader import load_hwdb
-from advisor.tui.app import AdvisorApp
+from advisor.tui import machine_screen
+from advisor.tui.app import AdvisorApp, main
+from advisor.tui.estimate_screen import EstimateScreen
+from advisor.tui.export_screen import ExportScreen
+from advisor.tui.help_screen import HelpScreen
+from advisor.tui.machine_screen import MachineScreen
+from advisor.tui.request import EstimateRequest
+
+DB = load_hwdb(include_user_layers=False)
+
+
+def mlp_app() -> AdvisorApp:
+    return AdvisorApp(DB, EstimateRequest(model="mlp"))
+
+
+async def settled(pilot) -> None:
+    """Wait until every worker (the estimate) is done and the screen has caught up."""
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def status_text(app: AdvisorApp) -> str:
+    return str(app.screen.query_one("#status", Static).render())
+
+
+def first_column(table: DataTable) -> list[str]:
+    return [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+
+
+def run(scenario) -> None:
+    asyncio.run(scenario())
+
+
+def test_the_model_is_estimated_on_every_device_and_ranked_by_time() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            assert isinstance(screen, EstimateScreen) and screen.estimate is not None
+            table = screen.query_one("#devices", DataTable)
+            assert table.row_count == len(DB.gpus)
+            assert first_column(table) == [r.id for r in screen.estimate.by_time()]
+            assert "mlp · 53 devices, 53 fit · sorted by time" in status_text(app)
+            assert not screen.has_class("hide-settings")  # 120 columns: settings beside the table
+
+    run(scenario)
+
+
+def test_changing_precision_re_estimates_without_blocking() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            fp32 = screen.estimate.result("h100-sxm").step_time_s
+            screen.query_one("#precision", Select).value = "amp-bf16"
+            await pilot.press("o")  # keys are answered while the estimate runs in its worker thread
+            await settled(pilot)
+            assert not screen.has_class("busy")
+            assert screen.estimate.settings.memory.precision == "amp-bf16"
+            assert screen.estimate.result("h100-sxm").step_time_s != fp32  # a new estimate, not the old one
+
+    run(scenario)
+
+
+def test_a_model_file_path_and_an_example_load() -> None:
+    async def scenario() -> None:
+        app = AdvisorApp(DB, EstimateRequest(model="mlp"))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            field = screen.query_one("#model", Input)
+            field.value = "no/such/model.py"
+            await pilot.click("#model")
+            await pilot.press("enter")
+            await settled(pilot)
+            assert "model file 'no/such/model.py' not found" in status_text(app)
+            screen.query_one("#example", Select).value = "mlp"
+            await settled(pilot)
+            assert field.value == "mlp" and screen.estimate.model.name == "mlp"
+            assert "not found" not in status_text(app)
+
+    run(scenario)
+
+
+def test_a_bad_setting_is_reported_and_nothing_runs() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            before = screen.estimate
+            screen.query_one("#batch", Input).value = "0"
+            await pilot.click("#batch")
+            await pilot.press("enter")
+            await settled(pilot)
+            assert "batch size must be at least 1, got 0" in status_text(app)
+            assert screen.estimate is before
+
+    run(scenario)
+
+
+def test_sorting_by_key_and_by_column_header() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            table = screen.query_one("#devices", DataTable)
+            await pilot.press("o")  # time -> cost
+            await pilot.pause()
+            assert screen.sort == "cost"
+            assert first_column(table)[: len(screen.estimate.by_cost())] == [r.id for r in screen.estimate.by_cost()]
+            screen.sort_by("name")
+            await pilot.pause()
+            assert first_column(table) == sorted(first_column(table))
+            assert "sorted by name" in status_text(app)
+
+    run(scenario)
+
+
+def test_selecting_a_row_shows_its_detail() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            table = screen.query_one("#devices", DataTable)
+            table.focus()
+            await pilot.press("down", "enter")
+            await pilot.pause()
+            second = screen.estimate.by_time()[1]
+            assert screen.query_one(TabbedContent).active == "tab-detail"
+            assert screen.selected == second.id
+            assert str(screen.query_one("#detail-title", Static).render()).startswith(second.id)
+            memory = str(screen.query_one("#detail-memory", Static).render())
+            assert "weights" in memory and "activations" in memory and "GiB" in memory
+            assert screen.query_one("#detail-ops", DataTable).row_count > 0
+            assert screen.query_one("#detail-offers", DataTable).row_count == len(second.cloud)
+
+    run(scenario)
+
+
+def test_the_chart_marks_the_pareto_front() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            chart = str(screen.query_one("#chart", Static).render())
+            for result in screen.estimate.pareto():
+                assert result.id in chart
+            assert "● Pareto front" in chart
+
+    run(scenario)
+
+
+def test_export_writes_the_report_and_json(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            for button, suffix in (("#export-html", ".html"), ("#export-json", ".json")):
+                await pilot.press("x")
+                await pilot.pause()
+                assert isinstance(app.screen, ExportScreen)
+                app.screen.query_one("#export-path", Input).value = str(tmp_path / "plan")
+                await pilot.click(button)
+                await pilot.pause()
+                assert isinstance(app.screen, EstimateScreen)
+                assert (tmp_path / f"plan{suffix}").is_file()
+        assert "<svg" in (tmp_path / "plan.html").read_text()
+        assert json.loads((tmp_path / "plan.json").read_text())["model"]["name"] == "mlp"
+
+    run(scenario)
+
+
+def test_help_and_command_palette() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, EstimateScreen)
+            await pilot.press("ctrl+p")
+            await pilot.pause()
+            await pilot.press(*"sort by memory")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.estimate_screen.sort == "memory"
+
+    run(scenario)
+
+
+def test_a_small_terminal_says_what_it_needs_and_80x24_hides_the_settings() -> None:
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(70, 20)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            assert screen.has_class("too-small")
+            assert "at least 80x24; this one is 70x20" in str(screen.query_one("#too-small", Static).render())
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause()
+            assert not screen.has_class("too-small") and screen.has_class("hide-settings")
+            await pilot.press("s")
+            await pilot.pause()
+            assert not screen.has_class("hide-settings")
+
+    run(scenario)
+
+
+TINY_SUITE = """
+schema: 1
+timing:
+  cpu:
+    quick: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
+    full: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
+  cuda:
+    quick: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
+    full: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
+series:
+  launch:
+    fit: none
+    dtypes: {cpu: [fp32], cuda: [fp32]}
+  copy:
+    fit: hierarchy
+    dtypes: {cpu: [fp32], cuda: [fp32]}
+    sizes:
+      cpu: {quick: [4096, 65536, 1048576], full: []}
+      cuda: {quick: [1048576], full: []}
+  gemm:
+    fit: saturating
+    dtypes: {cpu: [fp32], cuda: [fp32]}
+    sizes:
+      cpu: {quick: [[32, 32, 32], [64, 64, 64], [128, 128, 128]], full: []}
+      cuda: {quick: [[256, 256, 256]], full: []}
+"""
+
+
+def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(TINY_SUITE)
+    original = machine_screen.load_suite
+    monkeypatch.setattr(machine_screen, "load_suite", lambda: original(suite_file))  # a real, tiny suite
+
+    async def scenario() -> None:
+        app = mlp_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            await pilot.press("m")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, MachineScreen)
+            table = screen.query_one("#local-devices", DataTable)
+            assert table.get_row_at(0)[0] == "cpu" and table.get_row_at(0)[3].startswith("not calibrated")
+            await pilot.press("c")
+            await settled(pilot)
+            assert table.get_row_at(0)[3].startswith("measured (quick")
+            assert "stored the calibration of cpu" in str(screen.query_one("#calibration-status", Static).render())
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, EstimateScreen)
+
+    run(scenario)
 
 
 def test_database_screen_lists_gpus_and_cycles_sort() -> None:
     async def scenario() -> None:
-        db = load_hwdb(include_user_layers=False)
-        app = AdvisorApp(db)
+        app = mlp_app()
         async with app.run_test(size=(80, 24)) as pilot:
+            await settled(pilot)
+            await pilot.press("g")
             await pilot.pause()
             table = app.screen.query_one(DataTable)
-            assert table.row_count == len(db.gpus)
-            first_by_memory = table.get_row_at(0)[0]
-            assert first_by_memory == max(db.gpus, key=lambda g: g.memory_bytes).id
+            assert table.row_count == len(DB.gpus)
+            assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.memory_bytes).id
             await pilot.press("s")
             await pilot.pause()
-            assert table.get_row_at(0)[0] == max(db.gpus, key=lambda g: g.bandwidth_bytes_per_s).id
+            assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.bandwidth_bytes_per_s).id
             assert "sorted by BW" in str(app.screen.query_one("#summary", Static).render())
             await pilot.press("q")
         assert app.return_code in (0, None)
 
-    asyncio.run(scenario())
+    run(scenario)
+
+
+def test_command_line_rejects_a_missing_model_in_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["no_such_model.py"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("gpu-advisor: error: model file 'no_such_model.py' not found") and "\n" not in error
+
+
+# ---- snapshots of the main screens (SVG files under tests/__snapshots__/) ----------------------------------
+
+
+async def _estimated(pilot) -> None:
+    await settled(pilot)
+
+
+async def _detail(pilot) -> None:
+    await settled(pilot)
+    pilot.app.screen.query_one("#devices", DataTable).focus()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def _chart(pilot) -> None:
+    await settled(pilot)
+    pilot.app.screen.query_one(TabbedContent).active = "tab-chart"
+    await pilot.pause()
+
+
+async def _help(pilot) -> None:
+    await settled(pilot)
+    await pilot.press("question_mark")
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+def test_snapshot_estimate_screen(snap_compare, size) -> None:
+    assert snap_compare(mlp_app(), terminal_size=size, run_before=_estimated)
+
+
+@pytest.mark.parametrize("name, before", [("detail", _detail), ("chart", _chart), ("help", _help)])
+def test_snapshot_other_views(snap_compare, name, before) -> None:
+    assert snap_compare(mlp_app(), terminal_size=(120, 40), run_before=before)

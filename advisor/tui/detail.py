@@ -1,0 +1,78 @@
+"""The detail panel of one device: memory as a bar, where the step's time goes, top ops, cloud offers
+and what owning it costs."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, Static
+
+from advisor.cli.format import duration, money, percent, plan_duration
+from advisor.estimate.plan import DeviceEstimate, Estimate
+from advisor.tui.chart import memory_bar
+
+TOP_OPS = 8
+
+
+class DeviceDetail(VerticalScroll):
+    """Everything about the selected device."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("Select a device in the Devices tab (Enter).", id="detail-title")
+        yield Static(id="detail-memory")
+        yield Static(id="detail-time")
+        yield Static("Top ops by time", classes="section")
+        yield DataTable(id="detail-ops", cursor_type="none", zebra_stripes=True)
+        yield Static("Cloud offers", classes="section")
+        yield DataTable(id="detail-offers", cursor_type="none", zebra_stripes=True)
+        yield Static(id="detail-owning")
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-ops", DataTable).add_columns("op", "phase", "calls", "time", "share", "bound")
+        self.query_one("#detail-offers", DataTable).add_columns("provider", "instance", "$/GPU-h", "spot $/h",
+                                                                "job $", "spot job $")
+
+    def show(self, estimate: Estimate, result: DeviceEstimate) -> None:
+        """Fill the panel for `result`."""
+        unit = estimate.model.sample_unit
+        title = Text(f"{result.id}", style="bold")
+        title.append(f"  {result.target.name}  ·  calibration: {result.target.calibration}", style="dim")
+        if result.target.note:
+            title.append(f"\n{result.target.note}", style="italic")
+        self.query_one("#detail-title", Static).update(title)
+        self.query_one("#detail-memory", Static).update(memory_bar(result))
+        step = result.step
+        if result.fits:
+            parts = ", ".join(f"{bound} {percent(seconds / step.step_s)}" for bound, seconds in step.by_bound.items())
+            line = (f"Step {duration(step.step_s)} ({step.bound}-bound: {parts}) · {result.throughput:,.1f} {unit}/s · "
+                    f"{result.steps:,} steps: {plan_duration(result.time_to_train_s)}")
+        else:
+            line = "Does not fit: no time or cost (see the memory bar)."
+        self.query_one("#detail-time", Static).update(line)
+        ops = self.query_one("#detail-ops", DataTable)
+        ops.clear()
+        for row in step.top_ops(TOP_OPS) if result.fits else []:
+            ops.add_row(row["op"], row["phase"], str(row["calls"]), duration(row["seconds"]), percent(row["share"]),
+                        row["bound"])
+        offers = self.query_one("#detail-offers", DataTable)
+        offers.clear()
+        for offer in result.cloud:
+            many = f" ({offer.gpus_per_instance}x)" if offer.gpus_per_instance > 1 else ""
+            offers.add_row(offer.provider, offer.instance + many, f"{offer.usd_per_hour:.2f}",
+                           "-" if offer.spot_usd_per_hour is None else f"{offer.spot_usd_per_hour:.2f}",
+                           money(offer.cost_usd) if result.fits else "-",
+                           money(offer.spot_cost_usd) if result.fits else "-")
+        self.query_one("#detail-owning", Static).update(_owning_line(result))
+
+
+def _owning_line(result: DeviceEstimate) -> str:
+    owning = result.owning
+    if owning is None:
+        return "Buying: no purchase price in the database."
+    line = f"Buying: {money(owning.purchase_usd)} USD"
+    if owning.electricity_usd is not None and result.fits:
+        line += f" + {money(owning.electricity_usd)} USD electricity for the job"
+    if owning.break_even_hours is not None:
+        line += f"; pays off against renting after {owning.break_even_hours:,.0f} h of training"
+    return line

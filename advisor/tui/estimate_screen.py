@@ -1,0 +1,335 @@
+"""The main screen: settings on the left, the ranked devices, the selected device's detail and the
+time/cost chart on the right. Every change of a setting re-estimates in a worker thread; the UI stays
+live and shows progress."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import (
+    DataTable,
+    Footer,
+    Header,
+    Input,
+    Label,
+    ProgressBar,
+    Select,
+    Static,
+    Switch,
+    TabbedContent,
+    TabPane,
+)
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from advisor import units
+from advisor.cli.estimate import SORT_KEYS, sort_results
+from advisor.cli.format import duration, money, plan_duration
+from advisor.errors import UserError
+from advisor.estimate.plan import DeviceEstimate, Estimate
+from advisor.hardware.specs import HardwareDB
+from advisor.profile.model_file import builtin_examples
+from advisor.profile.trace import OPTIMIZERS, PRECISIONS
+from advisor.tui.chart import points_of, scatter
+from advisor.tui.detail import DeviceDetail
+from advisor.tui.request import EstimateRequest, parse_number, run_request
+
+MIN_WIDTH, MIN_HEIGHT = 80, 24
+ESTIMATE_STAGES = 4
+"""Progress messages of one estimate (load, trace, trace again, estimate): the bar advances one per
+message. A determinate bar, not Textual's pulsing one, whose 60 fps animation competes with the
+worker thread for the GIL (the first ResNet-50 estimate took twice as long under it)."""
+SETTINGS_BESIDE_WIDTH = 110
+"""Below this width the settings start hidden (`s` shows them), leaving the table the screen."""
+NO_SELECTION = getattr(Select, "NULL", None) or Select.BLANK
+"""A Select with nothing chosen (Textual 8 calls it Select.NULL, earlier versions Select.BLANK)."""
+COLUMNS = (  # (key, label, sort key when its header is clicked)
+    ("rank", "#", "time"), ("device", "Device", "name"), ("memory", "Peak/Mem GiB", "memory"),
+    ("step", "Step", "time"), ("throughput", "Samples/s", "throughput"), ("train", "Train", "time"),
+    ("bound", "Bound", "time"), ("cost", "Cheapest $", "cost"), ("buy", "Buy $", "name"),
+)
+
+
+class EstimateScreen(Screen):
+    """Settings, ranked devices, detail and chart."""
+
+    BINDINGS = [
+        Binding("s", "toggle_settings", "Settings"),
+        Binding("o", "cycle_sort", "Sort"),
+        Binding("r", "estimate", "Re-estimate"),
+        Binding("x", "app.export", "Export"),
+        Binding("m", "app.machine", "This machine"),
+        Binding("g", "app.database", "GPU list"),
+        Binding("question_mark", "app.help", "Help"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, db: HardwareDB, request: EstimateRequest) -> None:
+        super().__init__()
+        self.db = db
+        self.request = request
+        self.estimate: Estimate | None = None
+        self.sort = "time"
+        self.selected: str | None = None
+        self.settings_shown: bool | None = None
+        """None: by the terminal's width; True/False once the user toggled them."""
+
+    # ---- layout -------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        request = self.request
+        yield Header()
+        with Horizontal(id="main"):
+            with VerticalScroll(id="settings"):
+                yield Label("Model file or example")
+                yield Input(request.model or "", placeholder="resnet50 or path/to/model.py", id="model")
+                yield Select([(name, name) for name in builtin_examples()], prompt="built-in example", id="example")
+                yield Label("Batch size")
+                yield Input(_text(request.batch_size), placeholder="model's default", type="integer", id="batch")
+                yield Label("Precision")
+                yield Select([(p, p) for p in PRECISIONS], value=request.precision, allow_blank=False, id="precision")
+                yield Label("Optimizer")
+                yield Select([(o, o) for o in OPTIMIZERS], value=request.optimizer, allow_blank=False, id="optimizer")
+                yield Label("Samples per epoch")
+                yield Input(_text(request.samples), placeholder="model's TRAIN_SAMPLES", type="integer", id="samples")
+                yield Label("Epochs")
+                yield Input(_text(request.epochs), type="number", id="epochs")
+                yield Label("Budget (USD)")
+                yield Input(_text(request.budget_usd), placeholder="none", type="number", id="budget")
+                yield Label("Deadline (hours)")
+                yield Input(_text(request.deadline_hours), placeholder="none", type="number", id="deadline")
+                yield Label("Provider")
+                yield Select([(p, p) for p in self.db.providers()], prompt="all providers", value=request.provider
+                             or NO_SELECTION, id="provider")
+                with Horizontal(classes="switch-row"):
+                    yield Switch(request.spot, id="spot")
+                    yield Label("spot prices")
+                with Horizontal(classes="switch-row"):
+                    yield Switch(request.local, id="local")
+                    yield Label("this machine")
+            with Vertical(id="results"):
+                yield Static(id="status")
+                yield ProgressBar(id="progress", total=ESTIMATE_STAGES, show_eta=False, show_percentage=False)
+                with TabbedContent(id="tabs"):
+                    with TabPane("Devices", id="tab-devices"):
+                        yield DataTable(id="devices", cursor_type="row", zebra_stripes=True)
+                    with TabPane("Detail", id="tab-detail"):
+                        yield DeviceDetail(id="detail")
+                    with TabPane("Time vs cost", id="tab-chart"):
+                        yield Static(id="chart")
+        yield Static(id="too-small")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#devices", DataTable)
+        for key, label, _ in COLUMNS:
+            table.add_column(label, key=key)
+        self._check_size()
+        self.action_estimate()
+
+    def on_resize(self) -> None:
+        self._check_size()
+
+    def _check_size(self) -> None:
+        width, height = self.app.size
+        small = width < MIN_WIDTH or height < MIN_HEIGHT
+        self.set_class(small, "too-small")
+        shown = self.settings_shown if self.settings_shown is not None else width >= SETTINGS_BESIDE_WIDTH
+        self.set_class(not shown, "hide-settings")
+        if small:
+            self.query_one("#too-small", Static).update(
+                f"gpu-advisor needs a terminal of at least {MIN_WIDTH}x{MIN_HEIGHT}; this one is {width}x{height}. "
+                "Enlarge it (or press q to quit).")
+
+    # ---- settings -> estimate -------------------------------------------------------------------------
+
+    def read_request(self) -> EstimateRequest:
+        """The form as a request (UserError on a bad field)."""
+        value = lambda widget_id: self.query_one(f"#{widget_id}", Input).value  # noqa: E731
+        provider = self.query_one("#provider", Select).value
+        return EstimateRequest(
+            model=value("model").strip() or None,
+            batch_size=parse_number(value("batch"), int, "batch size"),
+            precision=str(self.query_one("#precision", Select).value),
+            optimizer=str(self.query_one("#optimizer", Select).value),
+            samples=parse_number(value("samples"), int, "samples"),
+            epochs=parse_number(value("epochs"), float, "epochs") or 1.0,
+            budget_usd=parse_number(value("budget"), float, "budget"),
+            deadline_hours=parse_number(value("deadline"), float, "deadline"),
+            provider=None if provider is NO_SELECTION else str(provider),
+            spot=self.query_one("#spot", Switch).value,
+            local=self.query_one("#local", Switch).value,
+        )
+
+    @on(Input.Submitted)
+    @on(Select.Changed, "#precision, #optimizer, #provider")
+    @on(Switch.Changed)
+    def _setting_changed(self) -> None:
+        """Re-estimate when the form says something new (widgets also post Changed as they mount)."""
+        try:
+            changed = self.read_request() != self.request
+        except UserError:
+            changed = True  # let action_estimate report it
+        if changed or self.estimate is None and not self.has_class("busy"):
+            self.action_estimate()
+
+    @on(Select.Changed, "#example")
+    def _example_chosen(self, event: Select.Changed) -> None:
+        if event.value is not NO_SELECTION:
+            self.query_one("#model", Input).value = str(event.value)
+            self.query_one("#batch", Input).value = ""
+            self.action_estimate()
+
+    def action_estimate(self) -> None:
+        """Re-estimate with the form's settings (a bad field is reported, nothing runs)."""
+        try:
+            request = self.read_request()
+        except UserError as exc:
+            self._show_error(str(exc))
+            return
+        self.request = request
+        self.set_class(True, "busy")
+        self.query_one("#progress", ProgressBar).update(total=ESTIMATE_STAGES, progress=0)
+        self._status(Text(f"estimating {request.model or 'resnet50'}…", style="bold"))
+        self._run(request)
+
+    @work(thread=True, exclusive=True, group="estimate", exit_on_error=True)
+    def _run(self, request: EstimateRequest) -> Estimate | UserError:
+        """Trace and estimate off the UI thread; a user mistake comes back as the result."""
+        worker = get_current_worker()
+
+        def progress(message: str) -> None:
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self._progress, message)
+
+        try:
+            return run_request(request, self.db, progress)
+        except UserError as exc:
+            return exc
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "estimate" or event.state != WorkerState.SUCCESS:
+            return
+        self.set_class(False, "busy")
+        result = event.worker.result
+        if isinstance(result, UserError):
+            self._show_error(str(result))
+            return
+        assert isinstance(result, Estimate)
+        self.estimate = result
+        self._fill_table()
+        self._fill_chart()
+        self._summary()
+        if self.selected is not None and any(r.id == self.selected for r in result.results):
+            self._show_detail(self.selected)
+
+    # ---- results ---------------------------------------------------------------------------------------
+
+    def _fill_table(self) -> None:
+        estimate = self.estimate
+        assert estimate is not None
+        table = self.query_one("#devices", DataTable)
+        table.clear()
+        for rank, result in enumerate(sort_results(estimate, self.sort), 1):
+            table.add_row(*_cells(rank, result, estimate.settings.spot), key=result.id)
+
+    def _fill_chart(self) -> None:
+        estimate = self.estimate
+        assert estimate is not None
+        chart = self.query_one("#chart", Static)
+        width = max(chart.size.width or self.app.size.width - 34, 40)
+        height = max(chart.size.height or self.app.size.height - 8, 10)
+        kind = "spot USD" if estimate.settings.spot else "USD"
+        chart.update(scatter(points_of(estimate), width, height, kind))
+
+    def _summary(self) -> None:
+        estimate = self.estimate
+        assert estimate is not None
+        spot = estimate.settings.spot
+        text = Text()
+        text.append(f"{estimate.model.name}", style="bold")
+        text.append(f" · {len(estimate.results)} devices, {len(estimate.fitting)} fit · sorted by {self.sort}")
+        by_time, by_cost = estimate.by_time(), estimate.by_cost()
+        if by_time:
+            text.append(f"\nfastest {by_time[0].id} {plan_duration(by_time[0].time_to_train_s)}")
+        if by_cost:
+            text.append(f" · cheapest {by_cost[0].id} {money(by_cost[0].job_cost_usd(spot))} USD")
+        request = self.request
+        if request.budget_usd is not None:
+            best = estimate.fastest_within_budget(request.budget_usd)
+            text.append(f" · within {money(request.budget_usd)} USD: {best.id if best else 'no device'}")
+        if request.deadline_s is not None:
+            best = estimate.cheapest_within_deadline(request.deadline_s)
+            text.append(f" · by {plan_duration(request.deadline_s)}: {best.id if best else 'no device'}")
+        if not estimate.fitting:
+            text.append("\nthe model fits on no device: smaller batch, amp-bf16 or checkpointing", style="bold red")
+        self._status(text)
+
+    def _progress(self, message: str) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=max(bar.total or ESTIMATE_STAGES, bar.progress + 1), progress=bar.progress + 1)
+        self._status(Text(message, style="bold"))
+
+    def _status(self, text: Text) -> None:
+        self.query_one("#status", Static).update(text)
+
+    def _show_error(self, message: str) -> None:
+        self.set_class(False, "busy")
+        self._status(Text(message, style="bold red"))
+        self.notify(message, title="Cannot estimate", severity="error")
+
+    @on(DataTable.RowSelected, "#devices")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        assert event.row_key.value is not None
+        self._show_detail(event.row_key.value)
+        self.query_one(TabbedContent).active = "tab-detail"
+
+    @on(DataTable.RowHighlighted, "#devices")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is not None and self.estimate is not None:
+            self._show_detail(event.row_key.value)
+
+    def _show_detail(self, device_id: str) -> None:
+        assert self.estimate is not None
+        self.selected = device_id
+        self.query_one(DeviceDetail).show(self.estimate, self.estimate.result(device_id))
+
+    @on(DataTable.HeaderSelected, "#devices")
+    def _header_selected(self, event: DataTable.HeaderSelected) -> None:
+        self.sort_by(next(sort for key, _, sort in COLUMNS if key == event.column_key.value))
+
+    def sort_by(self, key: str) -> None:
+        assert key in SORT_KEYS, key
+        self.sort = key
+        if self.estimate is not None:
+            self._fill_table()
+            self._summary()
+
+    def action_cycle_sort(self) -> None:
+        self.sort_by(SORT_KEYS[(SORT_KEYS.index(self.sort) + 1) % len(SORT_KEYS)])
+
+    def action_toggle_settings(self) -> None:
+        self.settings_shown = self.has_class("hide-settings")
+        self.set_class(not self.settings_shown, "hide-settings")
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _cells(rank: int, result: DeviceEstimate, spot: bool) -> list[object]:
+    memory = f"{result.memory.peak_bytes / units.GIB:.1f}/{result.memory.capacity_bytes / units.GIB:.0f}"
+    gpu = result.target.gpu
+    buy = money(gpu.purchase_usd) if gpu is not None and gpu.purchase_usd is not None else "-"
+    if not result.fits:
+        short = Text(f"✗ {result.memory.missing_bytes / units.GIB:.1f} GiB short", style="red")
+        return ["", Text(result.id, style="dim red"), Text(memory, style="red"), short, "", "", "", "", buy]
+    return [str(rank), result.id, memory, duration(result.step_time_s), f"{result.throughput:,.1f}",
+            plan_duration(result.time_to_train_s), result.step.bound, money(result.job_cost_usd(spot)), buy]

@@ -1,0 +1,108 @@
+"""What the settings form asks for, checked and turned into an estimate (run in a worker thread).
+
+The form's raw text becomes an EstimateRequest; `run_request` loads the model file, builds the targets
+and calls the same `estimate_model` as `advisor estimate`. Mistakes raise UserError with the same
+sentences the command line gives."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from advisor.calibration.reference import load_families
+from advisor.errors import UserError, did_you_mean
+from advisor.estimate.costs import DEFAULT_SAMPLES, Job
+from advisor.estimate.plan import Estimate, EstimateSettings, estimate_model
+from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
+from advisor.hardware.specs import HardwareDB
+from advisor.memory.plan import MemorySettings
+from advisor.profile.model_file import ModelFile, load_model_file
+from advisor.profile.profiler import default_batch_size
+from advisor.profile.trace import OPTIMIZERS, PRECISIONS
+
+SECONDS_PER_HOUR = 3600.0
+ALL_PROVIDERS = "all providers"
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    """One estimate as the form describes it. None: the default (model's batch, TRAIN_SAMPLES...)."""
+
+    model: str | None = None
+    """A model file path or a built-in example name; None: the resnet50 example."""
+    batch_size: int | None = None
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    samples: int | None = None
+    epochs: float = 1.0
+    budget_usd: float | None = None
+    deadline_hours: float | None = None
+    provider: str | None = None
+    spot: bool = False
+    local: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UserError(f"unknown precision '{self.precision}'; choose one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"unknown optimizer '{self.optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
+        for name, value in (("batch size", self.batch_size), ("samples", self.samples)):
+            if value is not None and value < 1:
+                raise UserError(f"{name} must be at least 1, got {value}")
+        for name, value in (("epochs", self.epochs), ("budget", self.budget_usd), ("deadline", self.deadline_hours)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise UserError(f"{name} must be a positive number, got {value}")
+
+    def with_changes(self, **changes: Any) -> EstimateRequest:
+        return replace(self, **changes)
+
+    @property
+    def deadline_s(self) -> float | None:
+        return None if self.deadline_hours is None else self.deadline_hours * SECONDS_PER_HOUR
+
+
+def parse_number(text: str, kind: type, what: str) -> Any:
+    """The form field's text as an int or float; empty text is None (the default)."""
+    text = text.strip().replace(",", "").replace("_", "")
+    if not text:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise UserError(f"{what}: '{text}' is not a{'n integer' if kind is int else ' number'}") from None
+
+
+def job_for(request: EstimateRequest, model: ModelFile) -> Job:
+    """Samples x epochs: the form's, else the model file's TRAIN_SAMPLES, else the documented default."""
+    if request.samples is not None:
+        return Job(samples=request.samples, epochs=request.epochs)
+    if model.train_samples is not None:
+        return Job(samples=model.train_samples, epochs=request.epochs, origin="model file's TRAIN_SAMPLES")
+    return Job(samples=DEFAULT_SAMPLES, epochs=request.epochs, origin="default; set the samples")
+
+
+def filter_provider(db: HardwareDB, provider: str | None) -> HardwareDB:
+    """The database with only `provider`'s offers (all with None)."""
+    if provider is None:
+        return db
+    if provider not in db.providers():
+        raise UserError(f"unknown provider '{provider}'{did_you_mean(provider, db.providers())}; "
+                        f"known: {', '.join(db.providers())}")
+    return replace(db, offers=tuple(o for o in db.offers if o.provider == provider), _by_id={})
+
+
+def run_request(request: EstimateRequest, db: HardwareDB, progress: Callable[[str], None]) -> Estimate:
+    """Load the model, trace it and estimate every device (seconds: run it in a worker)."""
+    db = filter_provider(db, request.provider)
+    progress(f"loading {request.model or 'the resnet50 example'}")
+    model = load_model_file(request.model)
+    batch = request.batch_size or default_batch_size(model)
+    settings = EstimateSettings(MemorySettings(batch, request.precision, request.optimizer), job_for(request, model),
+                                request.spot)
+    families = load_families(db)
+    targets: list[EstimateTarget] = database_targets(db, list(db.gpus), families)
+    if request.local:
+        targets = local_targets(db, families, progress) + targets
+    return estimate_model(model, db, targets, settings, progress=progress)
