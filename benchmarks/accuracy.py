@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 import yaml
@@ -179,8 +182,12 @@ def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str) ->
 
 
 def cpu_rows() -> tuple[list[Row], list[str]]:
+    """Each model's real steps against the prediction from a quick calibration measured at the start
+    of this run, in a cache of its own: this VM's speed drifts by 10-20% over minutes (neighbours), and
+    a profile measured hours before would put that drift into the error."""
     db = load_hwdb([])
-    cpu = local_targets(db, load_families(db), lambda m: print(f"advisor: {m}", file=sys.stderr))[0]
+    with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"GPU_ADVISOR_CACHE_DIR": cache}):
+        cpu = local_targets(db, load_families(db), lambda m: print(f"advisor: {m}", file=sys.stderr))[0]
     profile = cpu.device.profile
     notes = [f"CPU: {cpu.name}; calibration {profile.status} ({profile.mode}, {profile.created})"]
     rows = []
@@ -342,7 +349,7 @@ def main() -> int:
     if args.out:
         args.out.write_text(text + "\n")
     if args.summary:
-        document = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+        document = {"date": time.strftime("%Y-%m-%d"), "torch": str(torch.__version__),
                     "command": f"python benchmarks/accuracy.py --part {args.part}", **summaries}
         args.summary.write_text(yaml.safe_dump(document, sort_keys=False))
     return 0

@@ -4,6 +4,7 @@ with its errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -91,6 +92,23 @@ def test_memory_bound_matmul_follows_the_roofline() -> None:
     intensity = record.flops / (record.bytes_read + record.bytes_written)
     expected = record.flops / (intensity * 1e11 * 0.5)
     assert estimate_records([record], "fp32", device).step_s == pytest.approx(expected)
+
+
+def test_the_fixed_latency_of_a_call_stays_a_time_on_a_bandwidth_bound_gemm() -> None:
+    # A curve at e_max 50% with tau_half = 2 us: t = (ideal + 2 us) / 0.5, ideal = FLOPs / roofline.
+    latency = Fit(Curve.saturating(0.5, 2e-6), (), 0.0, 0)
+    profile = synthetic_profile(dispatch_s=0.0)
+    profile = dataclasses.replace(profile, series=(SeriesProfile("gemm", "fp32", "flops", 1e12, latency),
+                                                   *profile.series[1:]))
+    device = DeviceModel("cpu", "cpu", profile)
+    # mm 4096x1x4096: 33.6 MFLOP, 67.1 MB, roofline 0.5 FLOP/B x 1e11 B/s = 5e10 FLOP/s: ideal 671 us;
+    # t = (671 us + 2 us) / 0.5 = 1.346 ms. (Read at the FLOPs themselves, the latency would have been
+    # multiplied by peak / roofline = 20: (671 + 40) / 0.5 = 1.42 ms.)
+    record = mm(4096, 1, 4096)
+    ideal = record.flops / (record.flops / (record.bytes_read + record.bytes_written) * 1e11)
+    assert estimate_records([record], "fp32", device).step_s == pytest.approx((ideal + 2e-6) / 0.5)
+    # compute-bound (roofline = peak): mm 1000^3, 2e9 FLOPs at 1e12: t = (2 ms + 2 us) / 0.5
+    assert estimate_records([mm(1000, 1000, 1000)], "fp32", device).step_s == pytest.approx((2e-3 + 2e-6) / 0.5)
 
 
 def test_amp_matmuls_run_in_16_bits_on_a_gpu_only() -> None:

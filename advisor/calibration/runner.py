@@ -251,9 +251,18 @@ def roofline(peak_flops: float, intensity: float, bandwidth: float) -> float:
     return min(peak_flops, intensity * bandwidth)
 
 
+def roofline_work(flops: float, peak_flops: float, attainable: float) -> float:
+    """The FLOPs that take as long at `peak_flops` as `flops` take at the `attainable` roofline: the
+    axis compute curves are fitted and read on, so that their fixed latency (tau_half) stays a time
+    whether the call is compute- or bandwidth-bound."""
+    return flops * peak_flops / attainable
+
+
 def _compute_series(op: str, dtype: str, points: list[_Result], peak: float, bandwidth: float,
                     skipped: tuple[Skipped, ...]) -> SeriesProfile:
-    fractions = [r.flops / r.sample.seconds / roofline(peak, r.flops / r.bytes, bandwidth) for r in points]
-    fit = fit_curve("saturating", [r.flops for r in points], fractions, peak)
+    roofs = [roofline(peak, r.flops / r.bytes, bandwidth) for r in points]
+    fractions = [r.flops / r.sample.seconds / roof for r, roof in zip(points, roofs)]
+    fit = fit_curve("saturating", [roofline_work(r.flops, peak, roof) for r, roof in zip(points, roofs)],
+                    fractions, peak)
     measurements = tuple(_measurement(r, f) for r, f in zip(points, fractions))
     return SeriesProfile(op, dtype, "flops", peak, fit, measurements, skipped)
