@@ -102,6 +102,19 @@ def test_markdown_has_the_same_content_and_its_charts_beside_it(report, tmp_path
     assert len(rows) == len(GPUS)  # the device table: one row per device
 
 
+def test_markdown_renders_as_a_git_forge_renders_it(report, tmp_path: Path) -> None:
+    """GitHub-flavoured Markdown (markdown-it-py's gfm-like preset, what Textual itself ships): every
+    table parses as a table and every chart as an image."""
+    from markdown_it import MarkdownIt
+
+    write_report(report, tmp_path / "plan.md")
+    rendered = MarkdownIt("gfm-like").render((tmp_path / "plan.md").read_text())
+    # summary, model and job, memory, time by bound, top ops, devices, offers
+    assert rendered.count("<table>") == 7
+    assert re.findall(r'<img src="([^"]+)"', rendered) == [f"plan_charts/{name}.svg" for name in CHARTS]
+    assert "|" not in re.sub(r"<table>.*?</table>", "", rendered, flags=re.DOTALL)  # no table left unparsed
+
+
 def test_charts_are_deterministic(estimate_and_db) -> None:
     estimate, db = estimate_and_db
     first = build_report(estimate, db, now=FIXED_TIME)
