@@ -111,6 +111,37 @@ def test_the_fixed_latency_of_a_call_stays_a_time_on_a_bandwidth_bound_gemm() ->
     assert estimate_records([mm(1000, 1000, 1000)], "fp32", device).step_s == pytest.approx((2e-3 + 2e-6) / 0.5)
 
 
+def test_large_fresh_outputs_fault_their_pages_in_on_a_cpu_only() -> None:
+    # fresh_pages measured at 5e9 B/s (allocate and write); sustained bandwidth 1e11 B/s. A 64 MiB
+    # output costs 64 MiB / 5e9 - 64 MiB / 1e11 = 13.42 ms - 0.67 ms = 12.75 ms more, added after the
+    # op's own time; a 16 MiB one (below glibc's 32 MiB mmap threshold) and an `add` (whose
+    # calibration allocates fresh outputs already) cost nothing more.
+    flat = Fit(Curve.hierarchy(0.05, 0.05, 1.0, 1e-15), (), 0.0, 0)
+    profile = synthetic_profile(dispatch_s=0.0)
+    profile = dataclasses.replace(profile, series=(*profile.series, SeriesProfile("fresh_pages", "fp32", "bytes",
+                                                                                 1e11, flat)))
+    size = 64 * 2**20
+    big = dataclasses.replace(mm(1000, 1000, 1000), allocated=(size,))
+    small = dataclasses.replace(mm(1000, 1000, 1000), allocated=(16 * 2**20,))
+    fresh_add = dataclasses.replace(add(1_000_000), allocated=(size,))
+    cpu = DeviceModel("cpu", "cpu", profile)
+    faults = size / 5e9 - size / 1e11
+    assert estimate_records([big], "fp32", cpu).step_s == pytest.approx(4e-3 + faults)
+    assert estimate_records([big], "fp32", cpu).ops[0].bound == "memory"  # 12.75 ms of faults > 4 ms of math
+    assert estimate_records([small], "fp32", cpu).step_s == pytest.approx(4e-3)
+    assert estimate_records([fresh_add], "fp32", cpu).step_s == pytest.approx(0.24e-3)
+    gpu = DeviceModel("gpu", "gpu", profile)  # PyTorch's caching allocator keeps GPU memory
+    assert estimate_records([big], "fp32", gpu).step_s == pytest.approx(4e-3)
+
+
+def test_dropout_masks_are_timed_by_the_random_series_or_copy_without_one() -> None:
+    record = OpRecord("forward", "drop", "bernoulli_", 0.0, 4_000_000, 4_000_000, ("float32",), False, True)
+    assert classify(record, "fp32").series == "random"
+    # no `random` series in the synthetic profile: copy's 1e11 x 50% -> 8 MB / 5e10 = 0.16 ms
+    assert estimate_records([record], "fp32", DeviceModel("cpu", "cpu", synthetic_profile(0.0))).step_s == \
+        pytest.approx(0.16e-3)
+
+
 def test_amp_matmuls_run_in_16_bits_on_a_gpu_only() -> None:
     record = mm(1000, 1000, 1000)  # recorded in fp32, as CPU autocast leaves attention
     gpu_kind, cpu_kind = classify(record, "amp-bf16", cuda_autocast=True), classify(record, "amp-bf16")

@@ -35,6 +35,17 @@ def test_mlp_step_flops_by_phase(precision: str) -> None:
     assert trace.uncounted() == {}
 
 
+def test_records_name_the_storages_each_op_allocates() -> None:
+    trace = trace_training_step(mlp, inputs, 32, "fp32", "adamw")
+    forward = [r for r in trace.records if r.phase == "forward"]
+    # Linear(8, 16) at batch 32: addmm's output 32*16*4 = 2048 B; relu's 2048 B; Linear(16, 4): 32*4*4 = 512 B
+    assert [(r.op, r.allocated) for r in forward[:3]] == [("addmm", (2048,)), ("relu", (2048,)), ("addmm", (512,))]
+    optimizer = {r.op: r.allocated for r in trace.records if r.phase == "optimizer"}
+    assert optimizer["_foreach_mul_"] == ()  # in place: nothing new
+    # _foreach_sqrt of the four second moments: W1 16*8*4 = 512, b1 64, W2 4*16*4 = 256, b2 16 bytes
+    assert sorted(optimizer["_foreach_sqrt"]) == [16, 64, 256, 512]
+
+
 def test_precision_sets_matmul_dtypes() -> None:
     expected = {"fp32": "float32", "tf32": "float32", "amp-bf16": "bfloat16", "amp-fp16": "float16",
                 "bf16": "bfloat16", "fp16": "float16"}

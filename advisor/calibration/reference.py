@@ -14,7 +14,7 @@ import yaml
 from advisor.calibration.curves import Curve, Fit
 from advisor.calibration.peaks import DTYPES, gpu_peaks
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
-from advisor.calibration.suite import COMPUTE_OPS, MEMORY_OPS
+from advisor.calibration.suite import COMPUTE_OPS, HOST_MEMORY_OPS, MEMORY_OPS
 from advisor.hardware.loader import HwdbError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.paths import shipped_dir
@@ -218,7 +218,7 @@ def reference_profile(gpu: GPUSpec, families: tuple[Family, ...]) -> Calibration
     assert family.memory is not None
     e_far, tau_half = family.memory.param("e_max"), family.memory.param("tau_half_s")
     memory = Curve.hierarchy(e_far, e_far, float(gpu.l2_cache_bytes or 1), tau_half)
-    for op in MEMORY_OPS:
+    for op in (op for op in MEMORY_OPS if op not in HOST_MEMORY_OPS):
         for dtype in ("fp32", "bf16", "fp16"):
             series.append(SeriesProfile(op, dtype, "bytes", gpu.bandwidth_bytes_per_s, Fit(memory, (), 0.0, 0),
                                         sources=family.sources))

@@ -20,7 +20,10 @@ from advisor.profile.costs import op_cost
 
 DEVICE_KINDS = ("cpu", "cuda")
 FIT_KINDS = ("saturating", "hierarchy", "none")
-MEMORY_OPS = ("copy", "scale", "triad", "reduction", "add", "gelu", "layer_norm", "softmax")
+MEMORY_OPS = ("copy", "scale", "triad", "reduction", "add", "gelu", "layer_norm", "softmax", "random", "fresh_pages")
+HOST_MEMORY_OPS = ("fresh_pages",)
+"""Memory ops that only a CPU calibration measures: first touch of memory the allocator just got from
+the kernel (GPUs keep theirs in PyTorch's caching allocator)."""
 COMPUTE_OPS = ("gemm", "conv", "conv_backward")
 LAUNCH_VARIANTS = ("dispatch", "autograd")
 OPS = ("launch", *MEMORY_OPS, *COMPUTE_OPS)
@@ -270,6 +273,19 @@ def _softmax(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
     return lambda: torch.softmax(x, dim=-1)
 
 
+def _random(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
+    """Dropout's mask: Bernoulli samples into an existing tensor (RNG-bound on a CPU)."""
+    a = torch.empty(_elements(case, dtype), device=device, dtype=dtype)
+    return lambda: a.bernoulli_(0.9)
+
+
+def _fresh_pages(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
+    """A new tensor written once: above glibc's mmap threshold (at most 32 MiB) every call gets fresh
+    pages from the kernel, and writing them faults each one in; the sizes are all above it."""
+    elements = _elements(case, dtype)
+    return lambda: torch.empty(elements, device=device, dtype=dtype).fill_(1.0)
+
+
 def _gemm(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
     m, n, k = case.size
     a = torch.ones(m, k, device=device, dtype=dtype)
@@ -311,6 +327,8 @@ _BUILDERS: dict[str, Callable[[Case, torch.device, torch.dtype], Call]] = {
     "gelu": _gelu,
     "layer_norm": _layer_norm,
     "softmax": _softmax,
+    "random": _random,
+    "fresh_pages": _fresh_pages,
     "gemm": _gemm,
     "conv": _conv,
     "conv_backward": _conv_backward,

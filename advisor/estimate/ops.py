@@ -35,6 +35,20 @@ TRANSCENDENTALS = frozenset({
 FILLS = frozenset({"fill_", "zero_", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
                    "new_ones", "new_full", "_foreach_zero_", "empty", "arange", "scalar_tensor"})
 
+RANDOM = frozenset({"bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like", "randn", "randn_like",
+                    "uniform_", "normal_", "randint", "randperm"})
+"""Ops that draw random numbers (dropout's mask): timed by the calibrated `random` series (Philox on
+a GPU runs at memory speed; a CPU's generator is far slower per byte)."""
+
+FRESH_OUTPUT_SERIES = frozenset({"add", "gelu", "layer_norm", "softmax"})
+"""Series whose calibration cases allocate a new output every call, as the step does: their fitted
+rates already include the page faults of large fresh outputs on a CPU (see step.py's first touch)."""
+
+FRESH_PAGES_MIN_BYTES = 32 * 2**20
+"""glibc's malloc serves requests above its mmap threshold (dynamic, at most 32 MiB on 64-bit Linux)
+with pages fresh from the kernel and unmaps them on free: writing such an output faults every page in,
+every step. Smaller blocks are reused from the heap."""
+
 MATH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 """torch dtype names of low-precision tensor math -> calibration dtype."""
 
@@ -128,6 +142,8 @@ def memory_series(op: str) -> str:
         return "gelu"
     if op in FILLS:
         return "scale"
+    if op in RANDOM:
+        return "random"
     if op.startswith("_foreach_") or op.startswith("_fused_"):
         return "triad"
     if op in ("add", "add_", "mul", "mul_", "sub", "sub_", "addcmul_", "addcdiv_", "lerp_", "where",

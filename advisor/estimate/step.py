@@ -6,7 +6,9 @@ Per op (seconds):
   calibrated curve of its series at its size, times (on a GPU) how well its tiles fill the SMs;
 - a memory op: bytes / (bandwidth x calibrated efficiency at its size); its FLOPs at the fp32 peak
   bound it from below;
-- the host's time to issue it (dispatch, plus autograd recording in forward and backward).
+- the host's time to issue it (dispatch, plus autograd recording in forward and backward);
+- on a CPU, the page faults of large new outputs (calibrated `fresh_pages`), added to the kernel:
+  glibc hands such blocks back to the kernel on free, so every step faults them in again.
 
 On a CPU the host runs the op, so the step is the sum of host and kernel times. On a GPU the host
 queues kernels ahead of the device: the device starts an op when the previous one is done and the
@@ -21,7 +23,15 @@ from typing import Any
 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline, roofline_work
-from advisor.estimate.ops import DTYPE_FALLBACK, OpClass, classify, moved_bytes, wave_efficiency
+from advisor.estimate.ops import (
+    DTYPE_FALLBACK,
+    FRESH_OUTPUT_SERIES,
+    FRESH_PAGES_MIN_BYTES,
+    OpClass,
+    classify,
+    moved_bytes,
+    wave_efficiency,
+)
 from advisor.profile.trace import OpRecord, StepTrace
 
 BOUNDS = ("compute", "memory", "overhead")
@@ -55,7 +65,8 @@ class OpTime:
     compute_s: float
     """FLOPs at the calibrated compute rate (0 for a memory op with no FLOPs)."""
     memory_s: float
-    """Bytes at the calibrated bandwidth (for a compute op, included in its roofline)."""
+    """Bytes at the calibrated bandwidth (for a compute op, included in its roofline), plus page faults
+    of fresh outputs on a CPU."""
     kernel_s: float
     """Device time of the op: the longer of compute_s and memory_s."""
     host_s: float
@@ -138,18 +149,38 @@ class _OpTimer:
         self.profile = device.profile
         self.fp32_peak = device.profile.peaks.flops.get("fp32") or _series(device.profile, "gemm", "fp32").peak
         self.bandwidth = device.profile.sustained_bandwidth_bytes_per_s
-        self._memo: dict[tuple, tuple[OpClass, float, float]] = {}
+        self._memo: dict[tuple, tuple[OpClass, float, float, float]] = {}
+        self.fresh_pages = device.profile.get("fresh_pages", "fp32") if device.kind == "cpu" else None
 
-    def kernel(self, record: OpRecord) -> tuple[OpClass, float, float]:
-        """(class, compute seconds, memory seconds) of one op."""
+    def kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
+        """(class, compute seconds, memory seconds, first-touch seconds) of one op: the device overlaps
+        compute and memory traffic; page faults stop both."""
         key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
-               record.gemm)
+               record.gemm, record.allocated)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._kernel(record)
         return found
 
-    def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float]:
+    def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
+        kind, compute, memory = self._device_time(record)
+        return kind, compute, memory, self._first_touch_seconds(record, kind)
+
+    def _first_touch_seconds(self, record: OpRecord, kind: OpClass) -> float:
+        """On a CPU, the page faults of the op's large new outputs (FRESH_PAGES_MIN_BYTES and up):
+        their bytes at the calibrated fresh-pages rate, less the plain write that rate includes.
+        Zero on a GPU (caching allocator), without a fresh_pages series, and for series whose
+        calibration allocated fresh outputs already."""
+        if self.fresh_pages is None or kind.series in FRESH_OUTPUT_SERIES:
+            return 0.0
+        seconds = 0.0
+        for size in record.allocated:
+            if size >= FRESH_PAGES_MIN_BYTES:
+                rate = self.fresh_pages.peak * self.fresh_pages.efficiency(size)
+                seconds += max(0.0, size / rate - size / self.bandwidth)
+        return seconds
+
+    def _device_time(self, record: OpRecord) -> tuple[OpClass, float, float]:
         kind = classify(record, self.precision, cuda_autocast=self.device.kind == "gpu")
         moved = moved_bytes(record, kind)
         if kind.compute:
@@ -203,8 +234,9 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
     by_bound = dict.fromkeys(BOUNDS, 0.0)
     ops: list[OpTime] = []
     for record in records:
-        kind, compute, memory = timer.kernel(record)
-        kernel = max(compute, memory)
+        kind, compute, traffic, faults = timer.kernel(record)
+        kernel = max(compute, traffic) + faults
+        memory = traffic + faults  # page faults are reported as memory time
         host = host_seconds(record, overheads)
         if queued:
             host_clock += host

@@ -185,6 +185,15 @@ class LiveMemoryTracker(TorchDispatchMode):
         self.observe(out, func.overloadpacket.__name__, args)
         return out
 
+    @property
+    def storage_count(self) -> int:
+        """Storages registered so far (an index for `sizes_since`)."""
+        return len(self._nbytes)
+
+    def sizes_since(self, first: int) -> tuple[int, ...]:
+        """Bytes of each storage registered after the first `first`: what the ops since allocated."""
+        return tuple(self._nbytes[first:])
+
     def observe(self, value: Any, op: str, args: Any = ()) -> None:
         """Register the storages of the tensors in `value` that are new, as allocated by `op`."""
         for tensor in _tensors(value):

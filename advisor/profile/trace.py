@@ -76,6 +76,8 @@ class OpRecord:
     counted: bool
     gemm: tuple[int, int, int, int] | None = None
     """(batch, m, n, k) of a matmul-class op (costs.OpCost.gemm)."""
+    allocated: tuple[int, ...] = ()
+    """Bytes of each new storage the op allocated (its outputs; none for in-place ops and views)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -199,6 +201,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        first_storage = self.memory.storage_count  # the memory tracker, below this mode, registers outputs
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
@@ -220,7 +223,8 @@ class _Recorder(TorchDispatchMode):
         if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
             self.records.append(
                 OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
-                         cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm)
+                         cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
+                         self.memory.sizes_since(first_storage))
             )
         return out
 
