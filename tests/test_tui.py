@@ -19,6 +19,7 @@ from advisor.tui.export_screen import ExportScreen
 from advisor.tui.help_screen import HelpScreen
 from advisor.tui.machine_screen import MachineScreen
 from advisor.tui.request import EstimateRequest
+from tests.test_calibration import TINY_SUITE
 
 DB = load_hwdb(include_user_layers=False)
 
@@ -46,37 +47,45 @@ def run(scenario) -> None:
     asyncio.run(scenario())
 
 
-def test_the_model_is_estimated_on_every_device_and_ranked_by_time() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            screen = app.screen
-            assert isinstance(screen, EstimateScreen) and screen.estimate is not None
-            table = screen.query_one("#devices", DataTable)
-            assert table.row_count == len(DB.gpus)
-            assert first_column(table) == [r.id for r in screen.estimate.by_time()]
-            assert "mlp · 53 devices, 53 fit · sorted by time" in status_text(app)
-            assert not screen.has_class("hide-settings")  # 120 columns: settings beside the table
+def drive(scenario, size: tuple[int, int] = (120, 40)) -> AdvisorApp:
+    """Start the app on the MLP example at `size`, wait for its first estimate, run
+    `scenario(app, pilot)`; the app, once closed."""
+    app = mlp_app()
 
-    run(scenario)
+    async def started() -> None:
+        async with app.run_test(size=size) as pilot:
+            await settled(pilot)
+            await scenario(app, pilot)
+
+    asyncio.run(started())
+    return app
+
+
+def test_the_model_is_estimated_on_every_device_and_ranked_by_time() -> None:
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        assert isinstance(screen, EstimateScreen) and screen.estimate is not None
+        table = screen.query_one("#devices", DataTable)
+        assert table.row_count == len(DB.gpus)
+        assert first_column(table) == [r.id for r in screen.estimate.by_time()]
+        assert "mlp · 53 devices, 53 fit · sorted by time" in status_text(app)
+        assert not screen.has_class("hide-settings")  # 120 columns: settings beside the table
+
+    drive(scenario)
 
 
 def test_changing_precision_re_estimates_without_blocking() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            screen = app.screen
-            fp32 = screen.estimate.result("h100-sxm").step_time_s
-            screen.query_one("#precision", Select).value = "amp-bf16"
-            await pilot.press("o")  # keys are answered while the estimate runs in its worker thread
-            await settled(pilot)
-            assert not screen.has_class("busy")
-            assert screen.estimate.settings.memory.precision == "amp-bf16"
-            assert screen.estimate.result("h100-sxm").step_time_s != fp32  # a new estimate, not the old one
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        fp32 = screen.estimate.result("h100-sxm").step_time_s
+        screen.query_one("#precision", Select).value = "amp-bf16"
+        await pilot.press("o")  # keys are answered while the estimate runs in its worker thread
+        await settled(pilot)
+        assert not screen.has_class("busy")
+        assert screen.estimate.settings.memory.precision == "amp-bf16"
+        assert screen.estimate.result("h100-sxm").step_time_s != fp32  # a new estimate, not the old one
 
-    run(scenario)
+    drive(scenario)
 
 
 def test_a_model_file_path_and_an_example_load() -> None:
@@ -100,163 +109,114 @@ def test_a_model_file_path_and_an_example_load() -> None:
 
 
 def test_a_bad_setting_is_reported_and_nothing_runs() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            screen = app.screen
-            before = screen.estimate
-            screen.query_one("#batch", Input).value = "0"
-            await pilot.click("#batch")
-            await pilot.press("enter")
-            await settled(pilot)
-            assert "batch size must be at least 1, got 0" in status_text(app)
-            assert screen.estimate is before
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        before = screen.estimate
+        screen.query_one("#batch", Input).value = "0"
+        await pilot.click("#batch")
+        await pilot.press("enter")
+        await settled(pilot)
+        assert "batch size must be at least 1, got 0" in status_text(app)
+        assert screen.estimate is before
 
-    run(scenario)
+    drive(scenario)
 
 
 def test_sorting_by_key_and_by_column_header() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            screen = app.screen
-            table = screen.query_one("#devices", DataTable)
-            await pilot.press("o")  # time -> cost
-            await pilot.pause()
-            assert screen.sort == "cost"
-            assert first_column(table)[: len(screen.estimate.by_cost())] == [r.id for r in screen.estimate.by_cost()]
-            screen.sort_by("name")
-            await pilot.pause()
-            assert first_column(table) == sorted(first_column(table))
-            assert "sorted by name" in status_text(app)
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        table = screen.query_one("#devices", DataTable)
+        await pilot.press("o")  # time -> cost
+        await pilot.pause()
+        assert screen.sort == "cost"
+        assert first_column(table)[: len(screen.estimate.by_cost())] == [r.id for r in screen.estimate.by_cost()]
+        screen.sort_by("name")
+        await pilot.pause()
+        assert first_column(table) == sorted(first_column(table))
+        assert "sorted by name" in status_text(app)
 
-    run(scenario)
+    drive(scenario)
 
 
 def test_selecting_a_row_shows_its_detail() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            screen = app.screen
-            table = screen.query_one("#devices", DataTable)
-            table.focus()
-            await pilot.press("down", "enter")
-            await pilot.pause()
-            second = screen.estimate.by_time()[1]
-            assert screen.query_one(TabbedContent).active == "tab-detail"
-            assert screen.selected == second.id
-            assert str(screen.query_one("#detail-title", Static).render()).startswith(second.id)
-            memory = str(screen.query_one("#detail-memory", Static).render())
-            assert "weights" in memory and "activations" in memory and "GiB" in memory
-            assert screen.query_one("#detail-ops", DataTable).row_count > 0
-            assert screen.query_one("#detail-offers", DataTable).row_count == len(second.cloud)
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        table = screen.query_one("#devices", DataTable)
+        table.focus()
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        second = screen.estimate.by_time()[1]
+        assert screen.query_one(TabbedContent).active == "tab-detail"
+        assert screen.selected == second.id
+        assert str(screen.query_one("#detail-title", Static).render()).startswith(second.id)
+        memory = str(screen.query_one("#detail-memory", Static).render())
+        assert "weights" in memory and "activations" in memory and "GiB" in memory
+        assert screen.query_one("#detail-ops", DataTable).row_count > 0
+        assert screen.query_one("#detail-offers", DataTable).row_count == len(second.cloud)
 
-    run(scenario)
+    drive(scenario)
 
 
 def test_the_chart_marks_the_pareto_front() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            screen = app.screen
-            chart = str(screen.query_one("#chart", Static).render())
-            for result in screen.estimate.pareto():
-                assert result.id in chart
-            assert "● Pareto front" in chart
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        chart = str(screen.query_one("#chart", Static).render())
+        for result in screen.estimate.pareto():
+            assert result.id in chart
+        assert "● Pareto front" in chart
 
-    run(scenario)
+    drive(scenario)
 
 
 def test_export_writes_the_report_and_json(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            for button, suffix in (("#export-html", ".html"), ("#export-json", ".json")):
-                await pilot.press("x")
-                await pilot.pause()
-                assert isinstance(app.screen, ExportScreen)
-                app.screen.query_one("#export-path", Input).value = str(tmp_path / "plan")
-                await pilot.click(button)
-                await pilot.pause()
-                assert isinstance(app.screen, EstimateScreen)
-                assert (tmp_path / f"plan{suffix}").is_file()
-        assert "<svg" in (tmp_path / "plan.html").read_text()
-        assert json.loads((tmp_path / "plan.json").read_text())["model"]["name"] == "mlp"
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        for button, suffix in (("#export-html", ".html"), ("#export-json", ".json")):
+            await pilot.press("x")
+            await pilot.pause()
+            assert isinstance(app.screen, ExportScreen)
+            app.screen.query_one("#export-path", Input).value = str(tmp_path / "plan")
+            await pilot.click(button)
+            await pilot.pause()
+            assert isinstance(app.screen, EstimateScreen)
+            assert (tmp_path / f"plan{suffix}").is_file()
 
-    run(scenario)
+    drive(scenario)
+    assert "<svg" in (tmp_path / "plan.html").read_text()
+    assert json.loads((tmp_path / "plan.json").read_text())["model"]["name"] == "mlp"
 
 
 def test_help_and_command_palette() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            await pilot.press("question_mark")
-            await pilot.pause()
-            assert isinstance(app.screen, HelpScreen)
-            await pilot.press("escape")
-            await pilot.pause()
-            assert isinstance(app.screen, EstimateScreen)
-            await pilot.press("ctrl+p")
-            await pilot.pause()
-            await pilot.press(*"sort by memory")
-            await pilot.pause(0.3)
-            await pilot.press("enter")
-            await pilot.pause()
-            assert app.estimate_screen.sort == "memory"
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, EstimateScreen)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"sort by memory")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.estimate_screen.sort == "memory"
 
-    run(scenario)
+    drive(scenario)
 
 
 def test_a_small_terminal_says_what_it_needs_and_80x24_hides_the_settings() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(70, 20)) as pilot:
-            await settled(pilot)
-            screen = app.screen
-            assert screen.has_class("too-small")
-            assert "at least 80x24; this one is 70x20" in str(screen.query_one("#too-small", Static).render())
-            await pilot.resize_terminal(80, 24)
-            await pilot.pause()
-            assert not screen.has_class("too-small") and screen.has_class("hide-settings")
-            await pilot.press("s")
-            await pilot.pause()
-            assert not screen.has_class("hide-settings")
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        assert screen.has_class("too-small")
+        assert "at least 80x24; this one is 70x20" in str(screen.query_one("#too-small", Static).render())
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert not screen.has_class("too-small") and screen.has_class("hide-settings")
+        await pilot.press("s")
+        await pilot.pause()
+        assert not screen.has_class("hide-settings")
 
-    run(scenario)
-
-
-TINY_SUITE = """
-schema: 1
-timing:
-  cpu:
-    quick: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
-    full: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
-  cuda:
-    quick: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
-    full: {min_time_s: 0.002, warmup_s: 0.001, max_call_s: 0.5, min_samples: 3, min_sample_s: 0.0002}
-series:
-  launch:
-    fit: none
-    dtypes: {cpu: [fp32], cuda: [fp32]}
-  copy:
-    fit: hierarchy
-    dtypes: {cpu: [fp32], cuda: [fp32]}
-    sizes:
-      cpu: {quick: [4096, 65536, 1048576], full: []}
-      cuda: {quick: [1048576], full: []}
-  gemm:
-    fit: saturating
-    dtypes: {cpu: [fp32], cuda: [fp32]}
-    sizes:
-      cpu: {quick: [[32, 32, 32], [64, 64, 64], [128, 128, 128]], full: []}
-      cuda: {quick: [[256, 256, 256]], full: []}
-"""
+    drive(scenario, size=(70, 20))
 
 
 def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Path,
@@ -267,45 +227,38 @@ def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Pa
     original = machine_screen.load_suite
     monkeypatch.setattr(machine_screen, "load_suite", lambda: original(suite_file))  # a real, tiny suite
 
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settled(pilot)
-            await pilot.press("m")
-            await pilot.pause()
-            screen = app.screen
-            assert isinstance(screen, MachineScreen)
-            table = screen.query_one("#local-devices", DataTable)
-            assert table.get_row_at(0)[0] == "cpu" and table.get_row_at(0)[3].startswith("not calibrated")
-            await pilot.press("c")
-            await settled(pilot)
-            assert table.get_row_at(0)[3].startswith("measured (quick")
-            assert "stored the calibration of cpu" in str(screen.query_one("#calibration-status", Static).render())
-            await pilot.press("escape")
-            await pilot.pause()
-            assert isinstance(app.screen, EstimateScreen)
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        await pilot.press("m")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, MachineScreen)
+        table = screen.query_one("#local-devices", DataTable)
+        assert table.get_row_at(0)[0] == "cpu" and table.get_row_at(0)[3].startswith("not calibrated")
+        await pilot.press("c")
+        await settled(pilot)
+        assert table.get_row_at(0)[3].startswith("measured (quick")
+        assert "stored the calibration of cpu" in str(screen.query_one("#calibration-status", Static).render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, EstimateScreen)
 
-    run(scenario)
+    drive(scenario)
 
 
 def test_database_screen_lists_gpus_and_cycles_sort() -> None:
-    async def scenario() -> None:
-        app = mlp_app()
-        async with app.run_test(size=(80, 24)) as pilot:
-            await settled(pilot)
-            await pilot.press("g")
-            await pilot.pause()
-            table = app.screen.query_one(DataTable)
-            assert table.row_count == len(DB.gpus)
-            assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.memory_bytes).id
-            await pilot.press("s")
-            await pilot.pause()
-            assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.bandwidth_bytes_per_s).id
-            assert "sorted by BW" in str(app.screen.query_one("#summary", Static).render())
-            await pilot.press("q")
-        assert app.return_code in (0, None)
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        await pilot.press("g")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == len(DB.gpus)
+        assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.memory_bytes).id
+        await pilot.press("s")
+        await pilot.pause()
+        assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.bandwidth_bytes_per_s).id
+        assert "sorted by BW" in str(app.screen.query_one("#summary", Static).render())
+        await pilot.press("q")
 
-    run(scenario)
+    assert drive(scenario, size=(80, 24)).return_code in (0, None)
 
 
 def test_command_line_rejects_a_missing_model_in_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
