@@ -7,7 +7,6 @@ import argparse
 import json
 import shutil
 import sys
-from dataclasses import replace
 
 from advisor import units
 from advisor.calibration.reference import load_families
@@ -16,7 +15,7 @@ from advisor.cli.format import count, duration, money, plan_duration, si
 from advisor.cli.memory import add_memory_arguments, settings_from_arguments
 from advisor.cli.profile import add_model_arguments, positive_float, positive_int, progress
 from advisor.cli.table import Column, render_table
-from advisor.errors import UserError, did_you_mean
+from advisor.errors import UserError
 from advisor.estimate.costs import DEFAULT_SAMPLES, Job
 from advisor.estimate.plan import DeviceEstimate, Estimate, EstimateSettings, estimate_model
 from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
@@ -62,8 +61,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def estimate_from_arguments(args: argparse.Namespace, db: HardwareDB) -> Estimate:
     """Check the arguments, then trace and estimate (the part `estimate` and `report` share)."""
-    _check_provider(db, args.provider)
-    db = _filter_provider(db, args.provider)
+    db = db.with_offers_from(args.provider)
     model = load_model_file(args.model)
     job = job_from_arguments(args, model)
     memory = settings_from_arguments(args, args.batch_size or default_batch_size(model))
@@ -77,25 +75,7 @@ def job_from_arguments(args: argparse.Namespace, model: ModelFile) -> Job:
         if args.samples is not None or args.epochs is not None:
             raise UserError("give either --steps or --samples/--epochs, not both")
         return Job(steps=args.steps)
-    if args.samples is not None:
-        return Job(samples=args.samples, epochs=args.epochs or 1.0)
-    epochs = args.epochs or 1.0
-    if model.train_samples is not None:
-        return Job(samples=model.train_samples, epochs=epochs, origin="model file's TRAIN_SAMPLES")
-    return Job(samples=DEFAULT_SAMPLES, epochs=epochs, origin="default; set --samples/--epochs or --steps")
-
-
-def _check_provider(db: HardwareDB, provider: str | None) -> None:
-    if provider is not None and provider not in db.providers():
-        raise UserError(f"unknown provider '{provider}'{did_you_mean(provider, db.providers())}; "
-                        f"known: {', '.join(db.providers())}")
-
-
-def _filter_provider(db: HardwareDB, provider: str | None) -> HardwareDB:
-    """The database with only `provider`'s offers."""
-    if provider is None:
-        return db
-    return replace(db, offers=tuple(o for o in db.offers if o.provider == provider), _by_id={})
+    return Job.over_samples(args.samples, args.epochs or 1.0, model.train_samples)
 
 
 def build_targets(args: argparse.Namespace, db: HardwareDB) -> list[EstimateTarget]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from advisor import units
 from advisor.cli.table import Column, render_table
-from advisor.errors import UserError, did_you_mean
+from advisor.errors import UserError
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB
 from advisor.probe.local import LocalMachine, probe_local
 
@@ -69,9 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
 
 def select_rows(db: HardwareDB, min_memory_gb: float | None, provider: str | None) -> list[GPURow]:
     """The GPUs passing the filters, each with its offers (from `provider` only, when given)."""
-    if provider is not None and provider not in db.providers():
-        raise UserError(f"unknown provider '{provider}'{did_you_mean(provider, db.providers())}; "
-                        f"known: {', '.join(db.providers())}")
+    if provider is not None:
+        db.check_provider(provider)
     if min_memory_gb is not None and min_memory_gb < 0:
         raise UserError(f"--min-memory-gb must not be negative, got {min_memory_gb}")
     rows = []

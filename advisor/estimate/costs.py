@@ -31,6 +31,16 @@ class Job:
         assert self.steps is None or self.steps > 0
         assert self.samples is None or (self.samples > 0 and self.epochs is not None and self.epochs > 0)
 
+    @classmethod
+    def over_samples(cls, samples: int | None, epochs: float, train_samples: int | None) -> Job:
+        """`samples` x `epochs` as given, else the model file's TRAIN_SAMPLES, else DEFAULT_SAMPLES;
+        the origin says which."""
+        if samples is not None:
+            return cls(samples=samples, epochs=epochs)
+        if train_samples is not None:
+            return cls(samples=train_samples, epochs=epochs, origin="model file's TRAIN_SAMPLES")
+        return cls(samples=DEFAULT_SAMPLES, epochs=epochs, origin="default: the model file has no TRAIN_SAMPLES")
+
     def steps_for(self, batch_size: int) -> int:
         """Optimizer steps at `batch_size` samples per step (the last partial batch counts as a step).
 

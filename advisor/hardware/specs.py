@@ -6,7 +6,7 @@ Values come from hwdb/*.yaml through `advisor.hardware.loader`; nothing here rea
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 PEAK_MODES: tuple[str, ...] = (
@@ -274,6 +274,21 @@ class HardwareDB:
 
     def providers(self) -> list[str]:
         return sorted({offer.provider for offer in self.offers})
+
+    def check_provider(self, provider: str) -> None:
+        """UserError naming the closest providers when no offer comes from `provider`."""
+        from advisor.errors import UserError, did_you_mean
+
+        if provider not in self.providers():
+            raise UserError(f"unknown provider '{provider}'{did_you_mean(provider, self.providers())}; "
+                            f"known: {', '.join(self.providers())}")
+
+    def with_offers_from(self, provider: str | None) -> HardwareDB:
+        """The database with only `provider`'s cloud offers (all of them for None)."""
+        if provider is None:
+            return self
+        self.check_provider(provider)
+        return replace(self, offers=tuple(o for o in self.offers if o.provider == provider), _by_id={})
 
     def offers_for(self, gpu_id: str, provider: str | None = None) -> list[CloudOffer]:
         """Offers for a GPU, cheapest on-demand first, optionally from one provider."""

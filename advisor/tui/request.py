@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from advisor.calibration.reference import load_families
-from advisor.errors import UserError, did_you_mean
-from advisor.estimate.costs import DEFAULT_SAMPLES, Job
+from advisor.errors import UserError
+from advisor.estimate.costs import Job
 from advisor.estimate.plan import Estimate, EstimateSettings, estimate_model
 from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.plan import MemorySettings
-from advisor.profile.model_file import ModelFile, load_model_file
+from advisor.profile.model_file import load_model_file
 from advisor.profile.profiler import default_batch_size
 from advisor.profile.trace import OPTIMIZERS, PRECISIONS
 
@@ -74,32 +74,13 @@ def parse_number(text: str, kind: type, what: str) -> Any:
         raise UserError(f"{what}: '{text}' is not a{'n integer' if kind is int else ' number'}") from None
 
 
-def job_for(request: EstimateRequest, model: ModelFile) -> Job:
-    """Samples x epochs: the form's, else the model file's TRAIN_SAMPLES, else the documented default."""
-    if request.samples is not None:
-        return Job(samples=request.samples, epochs=request.epochs)
-    if model.train_samples is not None:
-        return Job(samples=model.train_samples, epochs=request.epochs, origin="model file's TRAIN_SAMPLES")
-    return Job(samples=DEFAULT_SAMPLES, epochs=request.epochs, origin="default; set the samples")
-
-
-def filter_provider(db: HardwareDB, provider: str | None) -> HardwareDB:
-    """The database with only `provider`'s offers (all with None)."""
-    if provider is None:
-        return db
-    if provider not in db.providers():
-        raise UserError(f"unknown provider '{provider}'{did_you_mean(provider, db.providers())}; "
-                        f"known: {', '.join(db.providers())}")
-    return replace(db, offers=tuple(o for o in db.offers if o.provider == provider), _by_id={})
-
-
 def run_request(request: EstimateRequest, db: HardwareDB, progress: Callable[[str], None]) -> Estimate:
     """Load the model, trace it and estimate every device (seconds: run it in a worker)."""
-    db = filter_provider(db, request.provider)
+    db = db.with_offers_from(request.provider)
     progress(f"loading {request.model or 'the resnet50 example'}")
     model = load_model_file(request.model)
     batch = request.batch_size or default_batch_size(model)
-    settings = EstimateSettings(MemorySettings(batch, request.precision, request.optimizer), job_for(request, model),
+    settings = EstimateSettings(MemorySettings(batch, request.precision, request.optimizer), Job.over_samples(request.samples, request.epochs, model.train_samples),
                                 request.spot)
     families = load_families(db)
     targets: list[EstimateTarget] = database_targets(db, list(db.gpus), families)
