@@ -26,6 +26,18 @@ def test_the_value_is_computed_in_a_child_and_comes_back() -> None:
 
 
 @needs_fork
+def test_a_child_that_may_fork_again_runs_the_forked_trace_pair_itself() -> None:
+    model = load_model_file("mlp")
+    settings = MemorySettings(batch_size=8, precision="fp32", optimizer="adamw")
+    with ForkedCall(lambda: [t.batch_size for t in trace_both_batches(model, settings)], may_fork_again=True) as child:
+        pass
+    assert child.result(timeout_s=120) == [8, 16]
+    with ForkedCall(can_fork) as daemonic:  # a daemonic child may not fork: it says so rather than fail
+        pass
+    assert daemonic.result(timeout_s=30) is False
+
+
+@needs_fork
 def test_a_failing_or_unpicklable_child_gives_none() -> None:
     def fails() -> None:
         raise ValueError("in the child")

@@ -12,13 +12,14 @@ import pytest
 from textual.widgets import DataTable, Input, Select, Static, TabbedContent
 
 from advisor.hardware.loader import load_hwdb
+from advisor.profile.background import can_fork
 from advisor.tui import machine_screen
 from advisor.tui.app import AdvisorApp, main
 from advisor.tui.estimate_screen import EstimateScreen
 from advisor.tui.export_screen import ExportScreen
 from advisor.tui.help_screen import HelpScreen
 from advisor.tui.machine_screen import MachineScreen
-from advisor.tui.request import EstimateRequest
+from advisor.tui.request import EstimateRequest, prefetch_traces
 from tests.test_calibration import TINY_SUITE
 
 DB = load_hwdb(include_user_layers=False)
@@ -72,6 +73,29 @@ def test_the_model_is_estimated_on_every_device_and_ranked_by_time() -> None:
         assert not screen.has_class("hide-settings")  # 120 columns: settings beside the table
 
     drive(scenario)
+
+
+@pytest.mark.skipif(not can_fork(), reason="needs fork, two CPUs and no other thread")
+def test_traces_started_before_the_app_give_the_same_estimate() -> None:
+    request = EstimateRequest(model="mlp")
+    prefetched = prefetch_traces(request)
+    assert prefetched is not None
+    app = AdvisorApp(DB, request, prefetched)
+    times: list[dict[str, float]] = []
+
+    async def prefetched_run() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.estimate_screen
+            assert screen.prefetched is None  # taken by the first estimate
+            times.append({r.id: r.step_time_s for r in screen.estimate.results})
+
+    async def traced_here(app: AdvisorApp, pilot) -> None:
+        times.append({r.id: r.step_time_s for r in app.estimate_screen.estimate.results})
+
+    asyncio.run(prefetched_run())
+    drive(traced_here)
+    assert times[0] == times[1]
 
 
 def test_changing_precision_re_estimates_without_blocking() -> None:

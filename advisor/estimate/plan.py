@@ -231,10 +231,14 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
 
 
 def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,
-                   progress: Progress = lambda message: None, trace: StepTrace | None = None) -> Estimate:
-    """Trace `model`'s training step (or reuse `trace`) and estimate it on every target."""
+                   progress: Progress = lambda message: None, trace: StepTrace | None = None,
+                   second: StepTrace | None = None) -> Estimate:
+    """Trace `model`'s training step (or reuse `trace`, and `second` at twice its batch) and estimate
+    it on every target."""
     memory_settings = settings.memory
-    trace, second = trace_both_batches(model, memory_settings, trace, progress)
+    if trace is None or second is None:
+        trace, second = trace_both_batches(model, memory_settings, trace, progress)
+    assert second.batch_size == 2 * trace.batch_size == 2 * memory_settings.traced_batch
     step, batch_model = step_memory(trace, second)
     progress(f"estimating {len(targets)} devices")
     results = []

@@ -36,10 +36,11 @@ def usable_cpus() -> int:
 def can_fork() -> bool:
     """Whether a forked child can work beside this process: fork exists, a second CPU is free for it,
     no other Python thread runs here (a fork copies only the calling thread; a lock held by another,
-    e.g. a TUI worker's, would stay held in the child) and CUDA is not initialised (CUDA does not
-    survive fork)."""
+    e.g. a TUI worker's, would stay held in the child), CUDA is not initialised (CUDA does not
+    survive fork), and this process may have children (multiprocessing forbids daemonic ones)."""
     return ("fork" in multiprocessing.get_all_start_methods() and usable_cpus() >= 2
-            and threading.active_count() == 1 and not torch.cuda.is_initialized())
+            and threading.active_count() == 1 and not torch.cuda.is_initialized()
+            and not multiprocessing.current_process().daemon)  # daemonic processes may not have children
 
 
 class ForkedCall(Generic[T]):
@@ -47,10 +48,12 @@ class ForkedCall(Generic[T]):
 
     Use as a context manager around the parent's own work: leaving it by an exception kills the child."""
 
-    def __init__(self, work: Callable[[], T]) -> None:
+    def __init__(self, work: Callable[[], T], may_fork_again: bool = False) -> None:
+        """`may_fork_again`: the child may fork children of its own (a non-daemonic process; the caller
+        must `close()` it, as the context manager does on an error)."""
         context = multiprocessing.get_context("fork")
         self._receiver, sender = context.Pipe(duplex=False)
-        self._process = context.Process(target=_run_and_send, args=(work, sender), daemon=True)
+        self._process = context.Process(target=_run_and_send, args=(work, sender), daemon=not may_fork_again)
         self._process.start()
         sender.close()
 
@@ -67,7 +70,9 @@ class ForkedCall(Generic[T]):
         return value if succeeded else None
 
     def close(self) -> None:
-        """Stop the child if it still runs and release its pipe."""
+        """Stop the child if it still runs and release its pipe (again: nothing)."""
+        if self._receiver.closed:
+            return
         if self._process.is_alive():
             self._process.kill()
         self._process.join()

@@ -14,13 +14,14 @@ from textual.widgets import Select
 from advisor.errors import UserError
 from advisor.hardware.loader import load_hwdb
 from advisor.hardware.specs import HardwareDB
+from advisor.profile.background import ForkedCall
 from advisor.tui.commands import AdvisorCommands
 from advisor.tui.database_screen import DatabaseScreen
 from advisor.tui.estimate_screen import EstimateScreen
 from advisor.tui.export_screen import ExportScreen
 from advisor.tui.help_screen import HelpScreen
 from advisor.tui.machine_screen import MachineScreen
-from advisor.tui.request import EstimateRequest
+from advisor.tui.request import EstimateRequest, TracePair, prefetch_traces
 
 
 class AdvisorApp(App):
@@ -30,13 +31,15 @@ class AdvisorApp(App):
     TITLE = "gpu-advisor"
     COMMANDS = App.COMMANDS | {AdvisorCommands}
 
-    def __init__(self, db: HardwareDB, request: EstimateRequest | None = None) -> None:
+    def __init__(self, db: HardwareDB, request: EstimateRequest | None = None,
+                 prefetched: ForkedCall[TracePair] | None = None) -> None:
         super().__init__()
         self.db = db
         self.request = request or EstimateRequest()
+        self.prefetched = prefetched
 
     def on_mount(self) -> None:
-        self.push_screen(EstimateScreen(self.db, self.request))
+        self.push_screen(EstimateScreen(self.db, self.request, self.prefetched))
 
     @property
     def estimate_screen(self) -> EstimateScreen:
@@ -94,7 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"gpu-advisor: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    AdvisorApp(db, EstimateRequest(model=args.model)).run()
+    request = EstimateRequest(model=args.model)
+    prefetched = prefetch_traces(request)  # before the app starts threads: it can fork
+    try:
+        AdvisorApp(db, request, prefetched).run()
+    finally:
+        if prefetched is not None:
+            prefetched.close()
     gc.freeze()  # exit without the final walk over torch's objects (see advisor.cli.main.console_main)
     return 0
 

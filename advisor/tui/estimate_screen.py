@@ -4,6 +4,8 @@ live and shows progress."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -31,17 +33,20 @@ from advisor.cli.format import duration, money, plan_duration
 from advisor.errors import UserError
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB
+from advisor.profile.background import ForkedCall
 from advisor.profile.model_file import builtin_examples
 from advisor.profile.trace import OPTIMIZERS, PRECISIONS
 from advisor.tui.chart import points_of, scatter
 from advisor.tui.detail import DeviceDetail
-from advisor.tui.request import EstimateRequest, parse_number, run_request
+from advisor.tui.request import EstimateRequest, TracePair, parse_number, run_request
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 ESTIMATE_STAGES = 4
 """Progress messages of one estimate (load, trace, trace again, estimate): the bar advances one per
 message. A determinate bar, not Textual's pulsing one, whose 60 fps animation competes with the
 worker thread for the GIL (the first ResNet-50 estimate took twice as long under it)."""
+PREFETCH_TIMEOUT_S = 600.0
+"""How long the first estimate waits for the traces started before the app; then it traces itself."""
 SETTINGS_BESIDE_WIDTH = 110
 """Below this width the settings start hidden (`s` shows them), leaving the table the screen."""
 NO_SELECTION = getattr(Select, "NULL", None) or Select.BLANK
@@ -67,10 +72,14 @@ class EstimateScreen(Screen):
         Binding("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, db: HardwareDB, request: EstimateRequest) -> None:
+    def __init__(self, db: HardwareDB, request: EstimateRequest,
+                 prefetched: ForkedCall[TracePair] | None = None) -> None:
         super().__init__()
         self.db = db
         self.request = request
+        self.first_request = request
+        self.prefetched = prefetched
+        """The first request's traces, started in a forked child before the app (see prefetch_traces)."""
         self.estimate: Estimate | None = None
         self.sort = "time"
         self.selected: str | None = None
@@ -206,9 +215,20 @@ class EstimateScreen(Screen):
                 self.app.call_from_thread(self._progress, message)
 
         try:
-            return run_request(request, self.db, progress)
+            return run_request(request, self.db, progress, self._prefetched_traces(request, progress))
         except UserError as exc:
             return exc
+
+    def _prefetched_traces(self, request: EstimateRequest, progress: Callable[[str], None]) -> TracePair | None:
+        """The traces started before the app, when this is still the request they were made for."""
+        prefetched, self.prefetched = self.prefetched, None
+        if prefetched is None:
+            return None
+        if request != self.first_request:
+            prefetched.close()
+            return None
+        progress("tracing the training step (started with the app)")
+        return prefetched.result(timeout_s=PREFETCH_TIMEOUT_S)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.group != "estimate" or event.state != WorkerState.SUCCESS:

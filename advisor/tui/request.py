@@ -17,10 +17,11 @@ from advisor.estimate.costs import Job
 from advisor.estimate.plan import Estimate, EstimateSettings, estimate_model
 from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
 from advisor.hardware.specs import HardwareDB
-from advisor.memory.plan import MemorySettings
-from advisor.profile.model_file import load_model_file
+from advisor.memory.plan import MemorySettings, trace_both_batches
+from advisor.profile.background import ForkedCall, can_fork
+from advisor.profile.model_file import ModelFile, load_model_file
 from advisor.profile.profiler import default_batch_size
-from advisor.profile.trace import OPTIMIZERS, PRECISIONS
+from advisor.profile.trace import OPTIMIZERS, PRECISIONS, StepTrace
 
 SECONDS_PER_HOUR = 3600.0
 ALL_PROVIDERS = "all providers"
@@ -74,16 +75,42 @@ def parse_number(text: str, kind: type, what: str) -> Any:
         raise UserError(f"{what}: '{text}' is not a{'n integer' if kind is int else ' number'}") from None
 
 
-def run_request(request: EstimateRequest, db: HardwareDB, progress: Callable[[str], None]) -> Estimate:
-    """Load the model, trace it and estimate every device (seconds: run it in a worker)."""
+def settings_for(request: EstimateRequest, model: ModelFile) -> EstimateSettings:
+    """The estimate's settings: the form's, with the model's default batch and job where left empty."""
+    batch = request.batch_size or default_batch_size(model)
+    job = Job.over_samples(request.samples, request.epochs, model.train_samples)
+    return EstimateSettings(MemorySettings(batch, request.precision, request.optimizer), job, request.spot)
+
+
+TracePair = tuple[StepTrace, StepTrace]
+
+
+def prefetch_traces(request: EstimateRequest) -> ForkedCall[TracePair] | None:
+    """Start tracing the first request's step in a forked child, before the app starts its threads:
+    the child, single-threaded, can fork again for the 2x-batch trace (advisor.profile.background),
+    which a worker thread of the running app cannot. None where forking is not possible or the model
+    does not load (the worker then reports that in the app)."""
+    if not can_fork():
+        return None
+    try:
+        model = load_model_file(request.model)
+        settings = settings_for(request, model).memory
+    except UserError:
+        return None
+    return ForkedCall(lambda: trace_both_batches(model, settings), may_fork_again=True)
+
+
+def run_request(request: EstimateRequest, db: HardwareDB, progress: Callable[[str], None],
+                traces: TracePair | None = None) -> Estimate:
+    """Load the model, trace it (or use `traces`, the step at the batch and at twice it) and estimate
+    every device (seconds: run it in a worker)."""
     db = db.with_offers_from(request.provider)
     progress(f"loading {request.model or 'the resnet50 example'}")
     model = load_model_file(request.model)
-    batch = request.batch_size or default_batch_size(model)
-    settings = EstimateSettings(MemorySettings(batch, request.precision, request.optimizer), Job.over_samples(request.samples, request.epochs, model.train_samples),
-                                request.spot)
+    settings = settings_for(request, model)
     families = load_families(db)
     targets: list[EstimateTarget] = database_targets(db, list(db.gpus), families)
     if request.local:
         targets = local_targets(db, families, progress) + targets
-    return estimate_model(model, db, targets, settings, progress=progress)
+    first, second = traces or (None, None)
+    return estimate_model(model, db, targets, settings, progress=progress, trace=first, second=second)
