@@ -153,11 +153,14 @@ class Estimate:
         front = set(pareto_front([(r.id, r.time_to_train_s, r.job_cost_usd(spot) or 0.0) for r in rented]))
         return sorted((r for r in rented if r.id in front), key=lambda r: (r.time_to_train_s, r.id))
 
+    def by_value(self) -> list[DeviceEstimate]:
+        """Purchasable devices the model fits on, lowest price per sample/s of throughput first."""
+        owned = [r for r in self.fitting if r.owning is not None]
+        return sorted(owned, key=lambda r: (r.owning.purchase_usd / r.throughput, r.id))  # type: ignore[union-attr]
+
     def best_value_to_buy(self) -> DeviceEstimate | None:
         """The purchasable device the model fits on with the lowest price per sample/s of throughput."""
-        owned = [r for r in self.fitting if r.owning is not None]
-        return min(owned, key=lambda r: (r.owning.purchase_usd / r.throughput, r.id),  # type: ignore[union-attr]
-                   default=None)
+        return next(iter(self.by_value()), None)
 
     def fastest_within_budget(self, budget_usd: float) -> DeviceEstimate | None:
         """The fastest rentable device whose job costs at most `budget_usd` (spot with settings.spot)."""

@@ -117,8 +117,7 @@ def memory_chart(estimate: Estimate) -> Chart:
 
 def buy_candidates(estimate: Estimate) -> list[DeviceEstimate]:
     """Devices that fit, can be bought and rented: best value to buy (price per sample/s) first."""
-    owned = [r for r in estimate.fitting if r.owning is not None and r.owning.break_even_hours is not None]
-    owned.sort(key=lambda r: (r.owning.purchase_usd / r.throughput, r.id))  # type: ignore[union-attr]
+    owned = [r for r in estimate.by_value() if r.owning is not None and r.owning.break_even_hours is not None]
     return owned[:BUY_VS_RENT_DEVICES]
 
 

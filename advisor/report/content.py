@@ -75,10 +75,10 @@ class Report:
     model_lines: tuple[tuple[str, str], ...]
     settings_lines: tuple[tuple[str, str], ...]
     recommendations: tuple[Recommendation, ...]
-    memory_device: str
+    lead_device: str
+    """The device the model's memory and time sections describe: the fastest that fits."""
     memory_parts: tuple[tuple[str, str, str], ...]
     """(part, GiB, share of the peak)."""
-    time_device: str
     time_bounds: tuple[tuple[str, str, str], ...]
     """(compute/memory/overhead, time, share)."""
     top_ops: tuple[tuple[str, ...], ...]
@@ -117,9 +117,8 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
         ),
         settings_lines=_settings_lines(estimate),
         recommendations=tuple(recommendations(estimate, budget_usd, deadline_s)),
-        memory_device=lead.id,
+        lead_device=lead.id,
         memory_parts=_memory_parts(lead),
-        time_device=lead.id,
         time_bounds=_time_bounds(lead),
         top_ops=_top_ops(lead),
         charts=tuple(all_charts(estimate)),

@@ -21,7 +21,7 @@ from advisor.hardware.specs import HardwareDB
 from advisor.probe.local import LocalMachine, probe_local
 
 
-def calibration_targets(db: HardwareDB, machine: LocalMachine) -> list[Target]:
+def calibration_targets(db: HardwareDB) -> list[Target]:
     """The CPU, then every CUDA device torch sees."""
     import torch
 
@@ -67,7 +67,7 @@ class MachineScreen(Screen):
         table = self.query_one("#local-devices", DataTable)
         table.add_columns("device", "name", "memory", "calibration")
         self.machine = probe_local(self.db)
-        self.targets = calibration_targets(self.db, self.machine)
+        self.targets = calibration_targets(self.db)
         machine = self.machine
         gpus = machine.nvidia.gpus
         summary = Text(f"{machine.hostname}", style="bold")
