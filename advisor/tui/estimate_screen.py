@@ -45,8 +45,9 @@ ESTIMATE_STAGES = 4
 """Progress messages of one estimate (load, trace, trace again, estimate): the bar advances one per
 message. A determinate bar, not Textual's pulsing one, whose 60 fps animation competes with the
 worker thread for the GIL (the first ResNet-50 estimate took twice as long under it)."""
-PREFETCH_TIMEOUT_S = 600.0
-"""How long the first estimate waits for the traces started before the app; then it traces itself."""
+PREFETCH_TIMEOUT_S = 120.0
+"""How long the first estimate waits for the traces started before the app (a 7B model traces in about
+6 s here); past it, the child is killed and the worker traces itself."""
 SETTINGS_BESIDE_WIDTH = 110
 """Below this width the settings start hidden (`s` shows them), leaving the table the screen."""
 NO_SELECTION = getattr(Select, "NULL", None) or Select.BLANK
