@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from estimate_speed import run as run_advisor  # wall seconds of `python -m advisor ARGV`, fresh process
+
 SIZES = ((120, 40), (80, 24))
 READY = "sorted by time"
 """The status line's words once the ranked table is shown."""
@@ -56,13 +58,6 @@ def launch_once(model: str, width: int, height: int) -> tuple[float, int | None]
     return shown, status
 
 
-def estimate_seconds(model: str) -> float:
-    """Wall seconds of `advisor estimate MODEL` in a fresh process."""
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "advisor", "estimate", model], check=True, capture_output=True)
-    return time.perf_counter() - started
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
@@ -79,7 +74,7 @@ def main() -> int:
         runs = [launch_once(args.model, width, height) for _ in range(args.repeats)]
         lines.append(f"{f'{width}x{height}':<10} {statistics.median(r[0] for r in runs):>14.2f} "
                      f"{','.join(str(r[1]) for r in runs):>14}")
-    baseline = statistics.median(estimate_seconds(args.model) for _ in range(args.repeats))
+    baseline = statistics.median(run_advisor(['estimate', args.model])[0] for _ in range(args.repeats))
     lines.append(f"baseline: `advisor estimate {args.model}` (same work, no UI): {baseline:.2f} s")
     text = "\n".join(lines)
     print(text)

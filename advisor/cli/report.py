@@ -9,11 +9,10 @@ from pathlib import Path
 from advisor.cli.estimate import add_estimate_arguments, estimate_from_arguments, fits_nowhere_message
 from advisor.cli.profile import positive_float
 from advisor.errors import UserError
+from advisor.estimate.costs import SECONDS_PER_HOUR
 from advisor.hardware.specs import HardwareDB
 from advisor.report.content import build_report
 from advisor.report.render import report_format, write_report
-
-SECONDS_PER_HOUR = 3600.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:

@@ -68,7 +68,8 @@ class OpTime:
     """Bytes at the calibrated bandwidth (for a compute op, included in its roofline), plus page faults
     of fresh outputs on a CPU."""
     kernel_s: float
-    """Device time of the op: the longer of compute_s and memory_s."""
+    """Device time of the op: the longer of compute and memory traffic, plus page faults (which stop
+    both)."""
     host_s: float
     """Host time to issue it."""
     wait_s: float

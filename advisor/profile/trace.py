@@ -362,6 +362,17 @@ class _Setup:
     accumulate_gradients: bool
 
 
+def check_step_settings(precision: str, optimizer: str, batch_size: int | None = None) -> None:
+    """UserError, in one sentence, for a precision or optimizer the trace does not know or a batch
+    size below 1 (None: not given yet, the model file's default will be used)."""
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer '{optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"batch size must be at least 1, got {batch_size}")
+
+
 def trace_training_step(
     build_model: Callable[[], torch.nn.Module],
     example_input: Callable[[int], Any],
@@ -381,12 +392,7 @@ def trace_training_step(
     `checkpointing` runs the model's repeated blocks under activation checkpointing
     (`checkpoint_blocks`). `source` names the model file in error messages. Models whose control
     flow reads input values are traced a second time with real inputs (see the module docstring)."""
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
-    if optimizer not in OPTIMIZERS:
-        raise UserError(f"unknown optimizer '{optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
-    if batch_size < 1:
-        raise UserError(f"batch size must be at least 1, got {batch_size}")
+    check_step_settings(precision, optimizer, batch_size)
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
                    checkpointing, accumulate_gradients)
     try:

@@ -18,9 +18,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from advisor import units  # noqa: E402
+from advisor.estimate.costs import SECONDS_PER_HOUR  # noqa: E402
 from advisor.estimate.plan import DeviceEstimate, Estimate  # noqa: E402
 
-SECONDS_PER_HOUR = 3600.0
 FITS, SHORT, PARETO, GREY = "#2f6db5", "#c8423b", "#e08a1e", "#b9bec7"
 BUY_VS_RENT_DEVICES = 4
 """Purchasable devices drawn in the buy-versus-rent chart (the best values to buy first)."""

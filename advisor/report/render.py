@@ -45,12 +45,17 @@ def report_format(path: Path) -> str:
     return found
 
 
+def check_folder(path: Path) -> None:
+    """UserError when the folder `path` would be written into does not exist."""
+    if not path.parent.is_dir():
+        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+
+
 def write_report(report: Report, path: Path) -> list[Path]:
     """Write the report to `path` (.html or .md; Markdown's charts go to PATH-stem_charts/). Returns the
     files written, the report first."""
     kind = report_format(path)
-    if not path.parent.is_dir():
-        raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+    check_folder(path)
     if kind == "html":
         path.write_text(render_html(report), encoding="utf-8")
         return [path]

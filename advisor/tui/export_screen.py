@@ -17,7 +17,7 @@ from advisor.errors import UserError
 from advisor.estimate.plan import Estimate
 from advisor.hardware.specs import HardwareDB
 from advisor.report.content import build_report
-from advisor.report.render import write_report
+from advisor.report.render import check_folder, write_report
 from advisor.tui.request import EstimateRequest
 
 SUFFIXES = {"export-html": ".html", "export-md": ".md", "export-json": ".json"}
@@ -26,8 +26,7 @@ SUFFIXES = {"export-html": ".html", "export-md": ".md", "export-json": ".json"}
 def export(estimate: Estimate, db: HardwareDB, request: EstimateRequest, path: Path) -> list[Path]:
     """Write `estimate` to `path` by its suffix (.html, .md, .json); the files written."""
     if path.suffix == ".json":
-        if not path.parent.is_dir():
-            raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+        check_folder(path)
         path.write_text(json.dumps(estimate.to_dict(), indent=2) + "\n")
         return [path]
     report = build_report(estimate, db, request.budget_usd, request.deadline_s)

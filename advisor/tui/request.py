@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from advisor.calibration.reference import load_families
 from advisor.errors import UserError
-from advisor.estimate.costs import Job
+from advisor.estimate.costs import SECONDS_PER_HOUR, Job
 from advisor.estimate.plan import Estimate, EstimateSettings, estimate_model
 from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
 from advisor.hardware.specs import HardwareDB
@@ -21,9 +21,8 @@ from advisor.memory.plan import MemorySettings, trace_both_batches
 from advisor.profile.background import ForkedCall, can_fork
 from advisor.profile.model_file import ModelFile, load_model_file
 from advisor.profile.profiler import default_batch_size
-from advisor.profile.trace import OPTIMIZERS, PRECISIONS, StepTrace
+from advisor.profile.trace import StepTrace, check_step_settings
 
-SECONDS_PER_HOUR = 3600.0
 ALL_PROVIDERS = "all providers"
 
 
@@ -45,19 +44,12 @@ class EstimateRequest:
     local: bool = False
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise UserError(f"unknown precision '{self.precision}'; choose one of {', '.join(PRECISIONS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UserError(f"unknown optimizer '{self.optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
-        for name, value in (("batch size", self.batch_size), ("samples", self.samples)):
-            if value is not None and value < 1:
-                raise UserError(f"{name} must be at least 1, got {value}")
+        check_step_settings(self.precision, self.optimizer, self.batch_size)
+        if self.samples is not None and self.samples < 1:
+            raise UserError(f"samples must be at least 1, got {self.samples}")
         for name, value in (("epochs", self.epochs), ("budget", self.budget_usd), ("deadline", self.deadline_hours)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise UserError(f"{name} must be a positive number, got {value}")
-
-    def with_changes(self, **changes: Any) -> EstimateRequest:
-        return replace(self, **changes)
 
     @property
     def deadline_s(self) -> float | None:
