@@ -238,6 +238,10 @@ def precision_of(row: dict[str, str], architecture: str | None) -> str | None:
     """Our precision for a published label. FP32 on Ampere and newer ran as TF32: NGC containers and
     PyTorch < 1.12 (the ryujaehun A100 run: 1.7) enable it by default (SOURCES.md)."""
     label = row["precision"]
+    if row["source_id"] == "LAMBDA_V0" and label == "FP16-mixed":
+        # Lambda v0's "FP16" column ran DLE's apex `--fp16` for BERT and for ResNet-50 (SOURCES.md): the
+        # model itself in fp16 (apex O2 / network_to_half) with fp32 master weights, not autocast.
+        return "fp16"
     if label == "FP32":
         return "tf32" if architecture in TENSOR_CORE_ARCHITECTURES else "fp32"
     if label == "TF32":

@@ -27,6 +27,9 @@ class BertConfig:
     heads: int = 12
     intermediate: int = 3072
     seq_len: int = 384
+    eager_attention: bool = False
+    """Attention as matmul, softmax, dropout, matmul (the original BERT code, Hugging Face's "eager" and
+    NVIDIA's DeepLearningExamples) instead of torch's fused scaled_dot_product_attention."""
 
 
 CONFIGS = {
@@ -46,6 +49,8 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden, config.hidden)
         self.output = nn.Linear(config.hidden, config.hidden)
         self.dropout = nn.Dropout(0.1)
+        self.eager = config.eager_attention
+        self.attention_dropout = nn.Dropout(0.1)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, hidden = x.shape
@@ -53,7 +58,11 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1 if self.training else 0.0)
+        if self.eager:
+            scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask
+            out = self.attention_dropout(scores.softmax(-1)) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1 if self.training else 0.0)
         return self.dropout(self.output(out.transpose(1, 2).flatten(2)))
 
 
