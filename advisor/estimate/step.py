@@ -7,6 +7,7 @@ Per op (seconds):
 - a memory op: bytes / (bandwidth x calibrated efficiency at its size); its FLOPs at the fp32 peak
   bound it from below;
 - the host's time to issue it (dispatch, plus autograd recording in forward and backward);
+- on a GPU, dropout as CUDA's one fused kernel where the CPU trace recorded three (lowering.py);
 - on a CPU, the page faults of large new outputs (calibrated `fresh_pages`), added to the kernel:
   glibc hands such blocks back to the kernel on free, so every step faults them in again.
 
@@ -23,6 +24,7 @@ from typing import Any
 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline, roofline_work
+from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
     DTYPE_FALLBACK,
     FRESH_OUTPUT_SERIES,
@@ -227,7 +229,10 @@ def estimate_step(trace: StepTrace, device: DeviceModel) -> StepTime:
 
 
 def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel) -> StepTime:
-    """Time of these ops, in order, on `device` (see the module's docstring)."""
+    """Time of these ops, in order, on `device` (see the module's docstring). On a GPU, the CPU
+    decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py)."""
+    if device.kind == "gpu":
+        records = cuda_records(records)
     timer = _OpTimer(device, precision)
     overheads = device.profile.overheads_s
     queued = device.kind == "gpu"
