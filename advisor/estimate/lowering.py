@@ -20,13 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import torch
+
 from advisor.profile.trace import OpRecord
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-"""Element size of the float dtypes a dropout mask can have (the mask takes x's dtype on a CPU)."""
-
-BOOL_MASK_BYTES_PER_ELEMENT = 1
-"""native_dropout's mask is torch.bool."""
 
 
 def cuda_records(records: Iterable[OpRecord]) -> list[OpRecord]:
@@ -60,12 +56,14 @@ def _fused_dropout(window: Sequence[OpRecord]) -> OpRecord | None:
     if len({(r.phase, r.module) for r in window}) != 1 or len(draw.dtypes) != 1:
         return None
     mask_bytes = draw.bytes_written
-    element_bytes = DTYPE_BYTES.get(draw.dtypes[0])
-    if element_bytes is None or mask_bytes == 0 or scale.bytes_written != mask_bytes:
+    dtype = getattr(torch, draw.dtypes[0], None)  # the mask takes x's (floating) dtype on a CPU
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        return None
+    if mask_bytes == 0 or scale.bytes_written != mask_bytes:
         return None
     if apply.bytes_read != 2 * mask_bytes or apply.bytes_written != mask_bytes:
         return None  # x * mask with x, mask and y of one shape and dtype (the mask is empty_like(x))
-    elements = mask_bytes // element_bytes
-    mask = elements * BOOL_MASK_BYTES_PER_ELEMENT
+    elements = mask_bytes // dtype.itemsize
+    mask = elements * torch.bool.itemsize  # native_dropout's mask
     return OpRecord(apply.phase, apply.module, "native_dropout", float(elements), mask_bytes,
                     mask_bytes + mask, apply.dtypes, matmul=False, counted=True, allocated=(mask_bytes, mask))
