@@ -6,14 +6,11 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from advisor.calibration.suite import Timing
-
-Call = Callable[[], object]
+from advisor.calibration.suite import Call, Timing
 
 
 @dataclass(frozen=True)
