@@ -261,6 +261,24 @@ def optimizer_of(row: dict[str, str]) -> str | None:
     return "adamw" if row["model"].startswith("BERT") else "momentum"
 
 
+CHANNELS_LAST_SOURCES = frozenset({"NV_DLE_RN50", "NV_DLE_RNXT101", "NV_DLE_SERNXT101"})
+
+
+def channels_last_of(row: dict[str, str]) -> bool:
+    """Whether the published run kept its images channels-last (NHWC): DLE's ConvNets configs.yml sets
+    `memory_format: nhwc` for every AMP run and leaves FP32/TF32 at the default NCHW; Lambda v0's
+    DLE fork and ryujaehun's torchvision runs never set it (SOURCES.md)."""
+    return row["source_id"] in CHANNELS_LAST_SOURCES and row["precision"] == "AMP"
+
+
+def channels_last(parts: ModelParts) -> ModelParts:
+    """The model and its input images in channels-last memory format, as `model.to(memory_format=
+    torch.channels_last)` and `x.contiguous(memory_format=torch.channels_last)` make them."""
+    build, make_input, loss_fn = parts
+    return (lambda: build().to(memory_format=torch.channels_last),
+            lambda batch: make_input(batch).contiguous(memory_format=torch.channels_last), loss_fn)
+
+
 def size_of(row: dict[str, str]) -> int | None:
     text = row["seq_len_or_image_size"]
     if text.startswith("seq"):
@@ -296,10 +314,12 @@ def published_rows() -> tuple[list[Row], list[str]]:
             continue
         assert zoo_name is not None and precision is not None
         batch, size, optimizer = int(row["batch_size_per_gpu"]), size_of(row), optimizer_of(row)
-        key = (zoo_name, size, batch, precision, optimizer)
+        nhwc = channels_last_of(row)
+        key = (zoo_name, size, batch, precision, optimizer, nhwc)
         if key not in traces:
             print(f"advisor: tracing {key}", file=sys.stderr, flush=True)
-            traces[key] = trace_case(ZOO[zoo_name](size), batch, precision, optimizer or "sgd")
+            parts = channels_last(ZOO[zoo_name](size)) if nhwc else ZOO[zoo_name](size)
+            traces[key] = trace_case(parts, batch, precision, optimizer or "sgd")
         trace = traces[key]
         records = [r for r in trace.records if optimizer is not None or r.phase != "optimizer"]
         target = database_targets(db, [gpu], families)[0]

@@ -64,3 +64,16 @@ def test_published_precision_labels_map_to_ours(source: str, label: str, archite
     from accuracy import precision_of
 
     assert precision_of({"source_id": source, "precision": label}, architecture) == expected
+
+
+@pytest.mark.parametrize(("source", "label", "expected"), [
+    ("NV_DLE_RN50", "AMP", True),  # DLE configs.yml: memory_format: nhwc for every AMP run
+    ("NV_DLE_RNXT101", "AMP", True),
+    ("NV_DLE_RN50", "TF32", False),  # FP32/TF32 runs keep the default NCHW
+    ("LAMBDA_V0", "FP16-mixed", False),  # Lambda's DLE fork never set it
+    ("RYUJAEHUN_BS12", "FP16-pure (model.half())", False),
+])
+def test_published_runs_memory_format(source: str, label: str, expected: bool) -> None:
+    from accuracy import channels_last_of
+
+    assert channels_last_of({"source_id": source, "precision": label}) == expected

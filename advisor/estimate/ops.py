@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from advisor.profile.costs import ConvGeometry
 from advisor.profile.trace import OpRecord
 
 CONVOLUTIONS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"})
@@ -75,6 +76,22 @@ quantization); calibration curves carry the rest of the size dependence."""
 
 SPLIT_K_MIN_DEPTH = 512
 """Each split of the reduction dimension keeps at least this many elements (split-K)."""
+
+WINOGRAD_MULTIPLY_SAVING = 2.25
+"""Winograd's F(2x2, 3x3) computes a 2x2 output tile of a 3x3 convolution with 16 multiplies instead
+of 36 (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016). cuDNN's WINOGRAD and
+WINOGRAD_NONFUSED algorithms (forward, backward data and backward filter) run 3x3 stride-1
+convolutions this way on CUDA cores, and torch.backends.cudnn.benchmark picks them when they are
+faster. Its larger tiles (F(4x4, 3x3): 4x fewer multiplies) are taken to pay for the transforms
+and the smaller products' lower efficiency: an assumption."""
+
+WINOGRAD_MIN_CHANNELS = 48
+"""cuDNN chose Winograd for 3x3 convolutions with at least 48 input and output channels and implicit
+GEMM below (cuDNN 5 heuristics, measured by the waifu2x developers, nagadomi/waifu2x#122)."""
+
+TENSOR_CORE_DTYPES = frozenset({"tf32", "fp16", "bf16"})
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+"""Bytes per element of a math dtype's tensors (TF32 math reads fp32 tensors)."""
 
 
 @dataclass(frozen=True)
@@ -192,3 +209,30 @@ def wave_efficiency(gemm: tuple[int, int, int, int], sm_count: int) -> float:
         useful = batch * m * n / (tiles * rows * columns)
         best = max(best, rate * useful * tiles * splits / (waves * sm_count))
     return best
+
+
+def winograd_eligible(conv: ConvGeometry) -> bool:
+    """Whether cuDNN can run this convolution (or its backward) with Winograd: 2-D, 3x3, stride 1,
+    no dilation, one group, not transposed, WINOGRAD_MIN_CHANNELS channels in and out."""
+    return (conv.kernel == (3, 3) and conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.groups == 1
+            and not conv.transposed and min(conv.in_channels, conv.out_channels) >= WINOGRAD_MIN_CHANNELS)
+
+
+def layout_transposes(conv: ConvGeometry) -> tuple[int, ...]:
+    """Elements of each tensor cuDNN transposes (NCHW to NHWC, or back) around a tensor-core
+    convolution of channels-first tensors: its tensor-core kernels work on NHWC ("Choose tensor
+    layouts in memory to avoid transposing input and output data ... We recommend using the NHWC
+    format", NVIDIA's Convolutional Layers User's Guide). Forward: input, weight and output. Backward
+    data: grad_output, weight, grad_input. Backward filter: grad_output, input, grad_weight.
+
+    # x [8, 64, 56, 56], w [64, 64, 3, 3], y [8, 64, 56, 56]: forward moves 1,605,632 + 36,864
+    # + 1,605,632 elements through a transpose each (each read once and written once).
+    """
+    sizes: list[int] = []
+    if "output" in conv.computes:
+        sizes += [conv.input_elements, conv.weight_elements, conv.output_elements]
+    if "grad_input" in conv.computes:
+        sizes += [conv.output_elements, conv.weight_elements, conv.input_elements]
+    if "grad_weight" in conv.computes:
+        sizes += [conv.output_elements, conv.input_elements, conv.weight_elements]
+    return tuple(sizes)

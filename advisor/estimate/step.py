@@ -8,6 +8,9 @@ Per op (seconds):
   bound it from below;
 - the host's time to issue it (dispatch, plus autograd recording in forward and backward);
 - on a GPU, dropout as CUDA's one fused kernel where the CPU trace recorded three (lowering.py);
+- on a GPU, a convolution by the fastest algorithm cuDNN's autotuner can choose: Winograd for fp32
+  3x3 stride-1 convolutions; tensor-core implicit GEMM, plus the transposes to NHWC and back that
+  channels-first (NCHW) tensors need; fp32 CUDA cores where TF32 tensor cores gain nothing;
 - on a CPU, the page faults of large new outputs (calibrated `fresh_pages`), added to the kernel:
   glibc hands such blocks back to the kernel on free, so every step faults them in again.
 
@@ -27,12 +30,17 @@ from advisor.calibration.runner import roofline, roofline_work
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
     DTYPE_FALLBACK,
+    ELEMENT_BYTES,
     FRESH_OUTPUT_SERIES,
     FRESH_PAGES_MIN_BYTES,
+    TENSOR_CORE_DTYPES,
+    WINOGRAD_MULTIPLY_SAVING,
     OpClass,
     classify,
+    layout_transposes,
     moved_bytes,
     wave_efficiency,
+    winograd_eligible,
 )
 from advisor.profile.trace import OpRecord, StepTrace
 
@@ -156,18 +164,18 @@ class _OpTimer:
         self.fresh_pages = device.profile.get("fresh_pages", "fp32") if device.kind == "cpu" else None
 
     def kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
-        """(class, compute seconds, memory seconds, first-touch seconds) of one op: the device overlaps
-        compute and memory traffic; page faults stop both."""
+        """(class, compute seconds, memory seconds, serial seconds) of one op: the device overlaps
+        compute and memory traffic; serial work (page faults, layout transposes) stops both."""
         key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
-               record.gemm, record.allocated)
+               record.gemm, record.allocated, record.conv)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._kernel(record)
         return found
 
     def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
-        kind, compute, memory = self._device_time(record)
-        return kind, compute, memory, self._first_touch_seconds(record, kind)
+        kind, compute, memory, serial = self._device_time(record)
+        return kind, compute, memory, serial + self._first_touch_seconds(record, kind)
 
     def _first_touch_seconds(self, record: OpRecord, kind: OpClass) -> float:
         """On a CPU, the page faults of the op's large new outputs (FRESH_PAGES_MIN_BYTES and up):
@@ -183,31 +191,72 @@ class _OpTimer:
                 seconds += max(0.0, size / rate - size / self.bandwidth)
         return seconds
 
-    def _device_time(self, record: OpRecord) -> tuple[OpClass, float, float]:
+    def _device_time(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
         kind = classify(record, self.precision, cuda_autocast=self.device.kind == "gpu")
         moved = moved_bytes(record, kind)
         if kind.compute:
-            series = _series(self.profile, kind.series, kind.dtype)
-            peak = self.fp32_peak if kind.vector else series.peak
-            intensity = record.flops / moved if moved else float("inf")
-            waves = 1.0
-            if self.device.sm_count and record.gemm is not None and not kind.vector:
-                waves = wave_efficiency(record.gemm, self.device.sm_count)
-            # Idle SMs stretch the work, not the fixed latency of a call; a roofline below the peak
-            # (a small or thin GEMM, bandwidth-bound) stretches it too, not the latency either. The curve
-            # is read at the work that takes as long at the series' peak: t = (ideal / waves + tau_half) / e_max
-            # with ideal = FLOPs / roofline. (Reading it at the FLOPs themselves multiplied tau_half by
-            # peak / roofline: 34x for a 64x10x1024 bf16 GEMM on an H100, 300 us instead of 8.)
-            filled = record.flops / waves
-            attainable = roofline(peak, intensity, self.bandwidth)
-            compute = filled / (attainable * series.efficiency(roofline_work(filled, peak, attainable)))
-            memory = moved / self.bandwidth
-            if kind.vector:
-                memory = self._memory_seconds("add", "fp32", moved)
-            return kind, compute, memory
+            compute, memory = self._compute_seconds(record, kind, record.flops, moved)
+            if self.device.kind == "gpu" and record.conv is not None:
+                return self._gpu_convolution(record, kind, moved, compute, memory)
+            return kind, compute, memory, 0.0
         memory = self._memory_seconds(kind.series, kind.dtype, moved)
         compute = record.flops / self.fp32_peak if record.flops else 0.0
-        return kind, compute, memory
+        return kind, compute, memory, 0.0
+
+    def _compute_seconds(self, record: OpRecord, kind: OpClass, flops: float, moved: int) -> tuple[float, float]:
+        """(compute, memory) seconds of a compute op doing `flops` the way `kind` says."""
+        series = _series(self.profile, kind.series, kind.dtype)
+        peak = self.fp32_peak if kind.vector else series.peak
+        intensity = flops / moved if moved else float("inf")
+        waves = 1.0
+        if self.device.sm_count and record.gemm is not None and not kind.vector:
+            waves = wave_efficiency(record.gemm, self.device.sm_count)
+        # Idle SMs stretch the work, not the fixed latency of a call; a roofline below the peak
+        # (a small or thin GEMM, bandwidth-bound) stretches it too, not the latency either. The curve
+        # is read at the work that takes as long at the series' peak: t = (ideal / waves + tau_half) / e_max
+        # with ideal = FLOPs / roofline. (Reading it at the FLOPs themselves multiplied tau_half by
+        # peak / roofline: 34x for a 64x10x1024 bf16 GEMM on an H100, 300 us instead of 8.)
+        filled = flops / waves
+        attainable = roofline(peak, intensity, self.bandwidth)
+        compute = filled / (attainable * series.efficiency(roofline_work(filled, peak, attainable)))
+        memory = moved / self.bandwidth
+        if kind.vector:
+            memory = self._memory_seconds("add", "fp32", moved)
+        return compute, memory
+
+    def _gpu_convolution(self, record: OpRecord, kind: OpClass, moved: int, compute: float,
+                         memory: float) -> tuple[OpClass, float, float, float]:
+        """The fastest of the algorithms cuDNN's autotuner (torch.backends.cudnn.benchmark) chooses
+        between:
+        - implicit GEMM in the op's math dtype; on tensor cores, channels-first tensors are first
+          transposed to NHWC and back (serial memory-bound kernels, ops.layout_transposes);
+        - where TF32 is allowed, not required: fp32 implicit GEMM on CUDA cores, in any layout;
+        - for a 3x3 stride-1 convolution whose math may run in fp32 (fp32, TF32, or a dtype with no
+          tensor cores here): Winograd on CUDA cores, WINOGRAD_MULTIPLY_SAVING fewer multiplies."""
+        conv = record.conv
+        assert conv is not None
+        tensor_cores = self._on_tensor_cores(kind)
+        layout = 0.0
+        if tensor_cores and not conv.channels_last:
+            element = ELEMENT_BYTES[kind.dtype]
+            copy_dtype = "fp32" if element == 4 else kind.dtype
+            layout = sum(self._memory_seconds("copy", copy_dtype, 2 * size * element)
+                         for size in layout_transposes(conv))
+        options = [(kind, compute, memory, layout)]
+        fp32 = OpClass(kind.series, "fp32", compute=True)
+        if kind.dtype == "tf32":
+            options.append((fp32, *self._compute_seconds(record, fp32, record.flops, moved), 0.0))
+        if winograd_eligible(conv) and (kind.dtype in ("fp32", "tf32") or not tensor_cores):
+            saved = record.flops / WINOGRAD_MULTIPLY_SAVING
+            options.append((fp32, *self._compute_seconds(record, fp32, saved, moved), 0.0))
+        return min(options, key=lambda option: max(option[1], option[2]) + option[3])
+
+    def _on_tensor_cores(self, kind: OpClass) -> bool:
+        """Whether the device runs this compute op's math on tensor cores: a tensor-core dtype the
+        device has units for (a calibrated series of its own, no fp32 fallback)."""
+        if kind.vector or kind.dtype not in TENSOR_CORE_DTYPES:
+            return False
+        return self.profile.get(kind.series, kind.dtype) is not None or self.profile.get("gemm", kind.dtype) is not None
 
     def _memory_seconds(self, name: str, dtype: str, moved: int) -> float:
         if not moved:
@@ -240,9 +289,9 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
     by_bound = dict.fromkeys(BOUNDS, 0.0)
     ops: list[OpTime] = []
     for record in records:
-        kind, compute, traffic, faults = timer.kernel(record)
-        kernel = max(compute, traffic) + faults
-        memory = traffic + faults  # page faults are reported as memory time
+        kind, compute, traffic, serial = timer.kernel(record)
+        kernel = max(compute, traffic) + serial
+        memory = traffic + serial  # page faults and layout transposes are reported as memory time
         host = host_seconds(record, overheads)
         if queued:
             host_clock += host

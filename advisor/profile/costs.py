@@ -38,6 +38,30 @@ class OpCost:
     gemm: tuple[int, int, int, int] | None = None
     """(batch, m, n, k) of the matrix product a matmul-class op amounts to (implicit GEMM for a
     convolution, per head for attention): how its work splits into tiles over a GPU's SMs."""
+    conv: ConvGeometry | None = None
+    """A convolution's (or its backward's) geometry and memory layout: what decides the algorithm a
+    GPU library runs it with."""
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """The facts of one convolution call that pick its GPU algorithm: Winograd needs a 3x3 kernel at
+    stride 1, tensor-core kernels want channels-last tensors. Sizes in elements."""
+
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    transposed: bool
+    in_channels: int
+    out_channels: int
+    channels_last: bool
+    """The input's channels are its innermost dimension (NHWC), or its layout is the same either way."""
+    input_elements: int
+    output_elements: int
+    weight_elements: int
+    computes: tuple[str, ...] = ("output",)
+    """What the call produces: "output" (forward); "grad_input" and/or "grad_weight" (backward)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +207,49 @@ def conv_shape(x_shape, w_shape, out_shape, transposed: bool, groups: int) -> Ge
 def convolution_shape(args: tuple, named: dict, out: Any) -> GemmShape:
     return conv_shape(named["input"].shape, named["weight"].shape, _first_tensor(out).shape,
                       bool(named.get("transposed", False)), int(named.get("groups", 1) or 1))
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether x [N, C, *spatial] keeps its channels innermost, or has a layout NCHW and NHWC share
+    (one channel, or one position)."""
+    return x.dim() < 3 or x.stride(1) == 1 or x.shape[1] == 1 or _numel(x.shape[2:]) == 1
+
+
+def conv_geometry(x: torch.Tensor, w: torch.Tensor, out_shape, named: dict, computes: tuple[str, ...]) -> ConvGeometry:
+    """The geometry of a convolution of x by w (named: its schema arguments, stride, dilation, groups,
+    transposed), producing an output of `out_shape`."""
+    groups = int(named.get("groups", 1) or 1)
+    transposed = bool(named.get("transposed", False))
+    c_out, c_in = (w.shape[1] * groups, w.shape[0]) if transposed else (w.shape[0], w.shape[1] * groups)
+    dims = w.dim() - 2
+    return ConvGeometry(tuple(int(k) for k in w.shape[2:]), _per_dim(named.get("stride", 1), dims),
+                        _per_dim(named.get("dilation", 1), dims), groups, transposed, int(c_in), int(c_out),
+                        _channels_last(x), x.numel(), _numel(out_shape), w.numel(), computes)
+
+
+def _per_dim(value: Any, dims: int) -> tuple[int, ...]:
+    """A convolution argument (an int or one per spatial dimension) as one per dimension."""
+    values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    return tuple(values * dims) if len(values) == 1 else tuple(values)
+
+
+CONV_GEOMETRIES: dict[Any, Callable[[tuple, dict, Any], ConvGeometry]] = {}
+"""aten OpOverloadPacket -> the geometry of its convolution."""
+
+
+def _forward_geometry(args: tuple, named: dict, out: Any) -> ConvGeometry:
+    return conv_geometry(named["input"], named["weight"], _first_tensor(out).shape, named, ("output",))
+
+
+def _backward_geometry(args: tuple, named: dict, out: Any) -> ConvGeometry:
+    mask = named["output_mask"]
+    computes = tuple(name for name, wanted in zip(("grad_input", "grad_weight"), mask[:2], strict=True) if wanted)
+    return conv_geometry(named["input"], named["weight"], named["grad_output"].shape, named, computes)
+
+
+for _packet in _ops("convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"):
+    CONV_GEOMETRIES[_packet] = _forward_geometry
+CONV_GEOMETRIES[aten.convolution_backward] = _backward_geometry
 
 
 @register_shape(aten.convolution_backward)
@@ -370,13 +437,15 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     outputs = tree_flatten(out)[0]
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
-    flops, matmul, counted, gemm = 0.0, False, True, None
+    flops, matmul, counted, gemm, conv = 0.0, False, True, None, None
     entry = REGISTRY.get(packet)
     if entry is not None:
         named = named_arguments(func, args, kwargs or {})
         flops, matmul = float(entry.formula(args, named, out)), entry.matmul
         shape = GEMM_SHAPES.get(packet)
         gemm = None if shape is None else shape(args, named, out)
+        geometry = CONV_GEOMETRIES.get(packet)
+        conv = None if geometry is None else geometry(args, named, out)
     elif packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
         pass
     elif torch.Tag.pointwise in func.tags:
@@ -387,7 +456,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         counted = False
     if not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
         written = _tensor_bytes(tree_flatten(args[0])[0])
-    return OpCost(flops, read, written, matmul, counted, dtypes, gemm)
+    return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv)
 
 
 def _foreach_flops(args: tuple, outputs: list[Any]) -> float:

@@ -33,7 +33,7 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
-from advisor.profile.costs import op_cost
+from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.user_code import user_code
 
@@ -78,6 +78,8 @@ class OpRecord:
     """(batch, m, n, k) of a matmul-class op (costs.OpCost.gemm)."""
     allocated: tuple[int, ...] = ()
     """Bytes of each new storage the op allocated (its outputs; none for in-place ops and views)."""
+    conv: ConvGeometry | None = None
+    """A convolution's geometry and layout (costs.OpCost.conv)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,7 +226,7 @@ class _Recorder(TorchDispatchMode):
             self.records.append(
                 OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
                          cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
-                         self.memory.sizes_since(first_storage))
+                         self.memory.sizes_since(first_storage), cost.conv)
             )
         return out
 
@@ -337,6 +339,29 @@ def call_model(model: torch.nn.Module, inputs: Any) -> Any:
 
 
 @contextmanager
+def module_conversions_on_fake_tensors() -> Iterator[None]:
+    """Let a model file convert its model (`.half()`, `.to(torch.bfloat16)`,
+    `.to(memory_format=torch.channels_last)`) on fake tensors. `Module._apply` swaps every fake
+    parameter with its converted twin (torch.utils.swap_tensors), which fails on the weak reference
+    fake mode keeps to each fake tensor; for fake tensors this sets the parameter's data instead,
+    what `_apply` does for real ones. The parameter object, its requires_grad and its place in the
+    module stay as they were."""
+    swap = torch.utils.swap_tensors
+
+    def swap_or_set_data(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
+            t1.data = t2.detach()
+        else:
+            swap(t1, t2)
+
+    torch.utils.swap_tensors = swap_or_set_data
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = swap
+
+
+@contextmanager
 def fake_tensor_log_silenced() -> Iterator[None]:
     """Fake tensors log every kernel that fails at ERROR level before raising it (torch >= 2.14);
     we report those errors ourselves, as one sentence, so the log stays quiet meanwhile."""
@@ -418,7 +443,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
         with user_code(f"example_input({batch_size})", source):
             inputs = setup.example_input(batch_size)
     with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode, LiveMemoryTracker() as memory:
-        with user_code("build_model()", source):
+        with user_code("build_model()", source), module_conversions_on_fake_tensors():
             model = setup.build_model()
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"{source or 'the model file'}: build_model() returned {type(model).__name__}, "

@@ -1,0 +1,144 @@
+"""Convolutions on a GPU: the geometry the trace records, and the algorithm cuDNN's autotuner would
+pick (Winograd for fp32 3x3 stride-1 convolutions, tensor-core implicit GEMM with NCHW<->NHWC
+transposes for channels-first tensors, fp32 CUDA cores where TF32 gains nothing), by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from advisor.calibration.peaks import DevicePeaks
+from advisor.calibration.profile import CalibrationProfile, SeriesProfile
+from advisor.estimate.ops import layout_transposes, winograd_eligible
+from advisor.estimate.step import DeviceModel, estimate_records
+from advisor.profile.costs import ConvGeometry
+from advisor.profile.trace import OpRecord, trace_training_step
+from tests.test_estimate import FLAT
+
+
+def profile(tf32_flops: float = 8e12) -> CalibrationProfile:
+    """1 TFLOP/s fp32, `tf32_flops` TF32 and 4 TFLOP/s fp16 tensor-core GEMMs, 100 GB/s copies, all at 50%."""
+    series = (
+        SeriesProfile("gemm", "fp32", "flops", 1e12, FLAT),
+        SeriesProfile("gemm", "tf32", "flops", tf32_flops, FLAT),
+        SeriesProfile("gemm", "fp16", "flops", 4e12, FLAT),
+        SeriesProfile("copy", "fp32", "bytes", 1e11, FLAT),
+    )
+    return CalibrationProfile("test", "test device", "measured", "quick", "2026-11-22",
+                              DevicePeaks({"fp32": 1e12, "tf32": tf32_flops, "fp16": 4e12}, 1e11), 1e11,
+                              {"dispatch": 0.0, "autograd": 0.0}, series)
+
+
+def conv(c_in: int, c_out: int, kernel: int, stride: int, dtype: str, channels_last: bool = False) -> OpRecord:
+    """A forward convolution of x [8, c_in, 56, 56] (padding keeps 56x56 at stride 1)."""
+    size = 2 if dtype == "float16" else 4
+    side = 56 // stride
+    x, w, y = 8 * c_in * 56 * 56, c_out * c_in * kernel * kernel, 8 * c_out * side * side
+    geometry = ConvGeometry((kernel, kernel), (stride, stride), (1, 1), 1, False, c_in, c_out, channels_last,
+                            x, y, w)
+    flops = 2.0 * 8 * side * side * c_out * c_in * kernel * kernel
+    return OpRecord("forward", "conv", "convolution", flops, (x + w) * size, y * size, (dtype,), True, True,
+                    (1, 8 * side * side, c_out, c_in * kernel * kernel), conv=geometry)
+
+
+def seconds(record: OpRecord, precision: str, kind: str = "gpu", tf32_flops: float = 8e12) -> float:
+    return estimate_records([record], precision, DeviceModel(kind, kind, profile(tf32_flops))).step_s
+
+
+def test_tensor_core_convolution_of_nchw_tensors_pays_the_transposes() -> None:
+    # 1x1 conv, x [8, 64, 56, 56] -> y [8, 256, 56, 56] in fp16: 2*8*3136*256*64 = 822,083,584 FLOPs
+    # at 4e12 x 50% = 411.04 us. The transposes move x, w and y (1,605,632 + 16,384 + 6,422,528 =
+    # 8,044,544 elements), each read and written at 2 bytes: 32,178,176 B at 1e11 x 50% = 643.56 us.
+    record = conv(64, 256, 1, 1, "float16")
+    assert seconds(record, "fp16") == pytest.approx(411.04e-6 + 643.56e-6, rel=1e-4)
+    channels_last = dataclasses.replace(record, conv=dataclasses.replace(record.conv, channels_last=True))
+    assert seconds(channels_last, "fp16") == pytest.approx(411.04e-6, rel=1e-4)
+    assert seconds(record, "fp16", kind="cpu") == pytest.approx(411.04e-6, rel=1e-4)  # no cuDNN on a CPU
+    step = estimate_records([record], "fp16", DeviceModel("gpu", "gpu", profile()))
+    assert step.ops[0].memory_s == pytest.approx(160.89e-6 + 643.56e-6, rel=1e-4)  # own 16 MB + transposes
+
+
+def test_fp32_3x3_stride_1_convolution_runs_winograd_on_a_gpu() -> None:
+    # 3x3 conv 64 -> 64 on 56x56, batch 8: 2*8*3136*64*64*9 = 1,849,688,064 FLOPs; at 1e12 x 50% that
+    # is 3.699 ms as implicit GEMM (the CPU's time), and 1/2.25 of it, 1.644 ms, with Winograd.
+    record = conv(64, 64, 3, 1, "float32")
+    assert seconds(record, "fp32", kind="cpu") == pytest.approx(3.6994e-3, rel=1e-4)
+    assert seconds(record, "fp32") == pytest.approx(3.6994e-3 / 2.25, rel=1e-4)
+    strided = conv(64, 64, 3, 2, "float32")  # stride 2: implicit GEMM, 1/4 of the FLOPs
+    assert seconds(strided, "fp32") == pytest.approx(3.6994e-3 / 4, rel=1e-4)
+
+
+def test_tf32_convolution_takes_the_faster_of_tensor_cores_and_cuda_cores() -> None:
+    # 1x1 conv 512 -> 512 on x [8, 512, 56, 56], fp32 tensors: 2*8*3136*512*512 = 13,153,337,344 FLOPs
+    # over (12,845,056 + 262,144 + 12,845,056) x 4 B = 103,809,024 B (126.7 FLOP/B: compute-bound).
+    # The transposes read and write all three: 207,618,048 B at 1e11 x 50% = 4.152 ms.
+    # TF32 at 8e12 (x 50%): 3.288 ms + 4.152 ms = 7.441 ms, faster than fp32 CUDA cores at 1e12 (x 50%):
+    # 26.307 ms. TF32 at 1e12 (a GeForce Ampere's TF32 rate is its fp32 rate): 26.307 ms + 4.152 ms,
+    # so the CUDA cores, which read NCHW as it is, win with 26.307 ms.
+    record = conv(512, 512, 1, 1, "float32")
+    assert seconds(record, "tf32") == pytest.approx(3.28833e-3 + 4.15236e-3, rel=1e-4)
+    assert seconds(record, "tf32", tf32_flops=1e12) == pytest.approx(26.30667e-3, rel=1e-4)
+    step = estimate_records([record], "tf32", DeviceModel("gpu", "gpu", profile(1e12)))
+    assert step.ops[0].dtype == "fp32"
+
+
+def test_winograd_needs_a_3x3_stride_1_kernel_one_group_and_48_channels() -> None:
+    def geometry(**changes) -> ConvGeometry:
+        base = ConvGeometry((3, 3), (1, 1), (1, 1), 1, False, 64, 64, False, 1, 1, 1)
+        return dataclasses.replace(base, **changes)
+
+    assert winograd_eligible(geometry())
+    assert not winograd_eligible(geometry(stride=(2, 2)))
+    assert not winograd_eligible(geometry(kernel=(1, 1)))
+    assert not winograd_eligible(geometry(dilation=(2, 2)))
+    assert not winograd_eligible(geometry(groups=2))
+    assert not winograd_eligible(geometry(transposed=True))
+    assert not winograd_eligible(geometry(in_channels=3))
+    assert not winograd_eligible(geometry(out_channels=32))
+
+
+def test_layout_transposes_by_pass() -> None:
+    base = ConvGeometry((3, 3), (1, 1), (1, 1), 1, False, 64, 64, False, 100, 200, 10)
+    assert layout_transposes(base) == (100, 10, 200)  # input, weight, output
+    both = dataclasses.replace(base, computes=("grad_input", "grad_weight"))
+    assert layout_transposes(both) == (200, 10, 100, 200, 100, 10)  # dgrad: dy, w, dx; wgrad: dy, x, dw
+    assert layout_transposes(dataclasses.replace(base, computes=("grad_weight",))) == (200, 100, 10)
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, stride=2, padding=1),
+                         nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+
+
+def test_the_trace_records_each_convolution_geometry_and_layout() -> None:
+    trace = trace_training_step(small_cnn, lambda batch: torch.randn(batch, 3, 8, 8), 2, "fp32", "sgd")
+    convs = [r for r in trace.records if r.conv is not None]
+    assert [r.op for r in convs] == ["convolution", "convolution", "convolution_backward", "convolution_backward"]
+    first, second = convs[0].conv, convs[1].conv
+    assert (first.kernel, first.stride, first.in_channels, first.out_channels) == ((3, 3), (1, 1), 3, 16)
+    assert (first.input_elements, first.output_elements, first.weight_elements) == (2 * 3 * 64, 2 * 16 * 64, 432)
+    assert second.stride == (2, 2) and second.output_elements == 2 * 16 * 16
+    assert not first.channels_last
+    # Backward: the second conv gives its input's and weight's gradients; the first only its weight's
+    # (the images need none).
+    assert convs[2].conv.computes == ("grad_input", "grad_weight")
+    assert convs[3].conv.computes == ("grad_weight",)
+
+
+def test_model_files_may_convert_their_model_to_half_and_channels_last() -> None:
+    # Module.to swaps fake parameters, which fake tensors' weak references forbid; the trace lets
+    # build_model() convert anyway, and the convolutions see channels-last tensors.
+    def build() -> nn.Module:
+        return small_cnn().to(memory_format=torch.channels_last).half()
+
+    def images(batch: int) -> torch.Tensor:
+        return torch.randn(batch, 3, 8, 8).half().contiguous(memory_format=torch.channels_last)
+
+    trace = trace_training_step(build, images, 2, "fp32", "sgd")
+    convs = [r for r in trace.records if r.conv is not None]
+    assert convs and all(r.conv.channels_last for r in convs)
+    assert all("float16" in r.dtypes for r in convs)
+    assert trace.params == 3 * 16 * 9 + 16 + 16 * 16 * 9 + 16 + 256 * 10 + 10
