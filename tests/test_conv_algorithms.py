@@ -5,6 +5,7 @@ transposes for channels-first tensors, fp32 CUDA cores where TF32 gains nothing)
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -142,3 +143,30 @@ def test_model_files_may_convert_their_model_to_half_and_channels_last() -> None
     assert convs and all(r.conv.channels_last for r in convs)
     assert all("float16" in r.dtypes for r in convs)
     assert trace.params == 3 * 16 * 9 + 16 + 16 * 16 * 9 + 16 + 256 * 10 + 10
+
+
+def test_estimate_suggests_channels_last_where_layout_transposes_cost(tmp_path, capsys) -> None:
+    # The same small CNN in NCHW and in channels-last, fp16 on an A100 (tensor cores): the NCHW
+    # one's step spends a share in transposes and the summary says so; the channels-last one none.
+    from advisor.cli.main import main
+
+    body = '''import torch
+from torch import nn
+CHANNELS_LAST = {channels_last}
+def build_model():
+    model = nn.Sequential(nn.Conv2d(64, 128, 1), nn.ReLU(), nn.Conv2d(128, 64, 1),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    return model.to(memory_format=torch.channels_last) if CHANNELS_LAST else model
+def example_input(batch_size):
+    x = torch.randn(batch_size, 64, 56, 56)
+    return x.contiguous(memory_format=torch.channels_last) if CHANNELS_LAST else x
+'''
+    for channels_last in (False, True):
+        path = tmp_path / f"cnn_{channels_last}.py"
+        path.write_text(body.format(channels_last=channels_last))
+        assert main(["estimate", str(path), "--gpu", "a100-sxm4-80gb", "--precision", "fp16", "--steps", "10",
+                     "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)["results"][0]
+        assert (result["layout_transposes_s"] > 0.05 * result["step_time_s"]) is not channels_last
+        assert main(["estimate", str(path), "--gpu", "a100-sxm4-80gb", "--precision", "fp16", "--steps", "10"]) == 0
+        assert ("Tip: on a100-sxm4-80gb" in capsys.readouterr().out) is not channels_last

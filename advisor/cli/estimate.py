@@ -211,6 +211,11 @@ def _calibration_line(estimate: Estimate) -> str:
     return "Calibration: " + "; ".join(parts + notes)
 
 
+LAYOUT_TIP_SHARE = 0.05
+"""The summary suggests channels-last tensors when layout transposes take this share of the fastest
+device's step or more."""
+
+
 def _summary(estimate: Estimate) -> list[str]:
     spot = estimate.settings.spot
     lines = []
@@ -218,6 +223,11 @@ def _summary(estimate: Estimate) -> list[str]:
     if by_time:
         best = by_time[0]
         lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({best.step.bound}-bound)")
+        share = best.step.layout_s / best.step.step_s if best.step.step_s else 0.0
+        if share >= LAYOUT_TIP_SHARE:
+            lines.append(f"Tip: on {best.id}, {share:.0%} of each step is cuDNN transposing NCHW tensors to NHWC "
+                         "and back around tensor-core convolutions; channels-last tensors would save it "
+                         "(model.to(memory_format=torch.channels_last), and the inputs likewise)")
     if by_cost:
         best = by_cost[0]
         offer = best.cheapest(spot)

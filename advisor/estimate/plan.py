@@ -86,6 +86,7 @@ class DeviceEstimate:
             "time_to_train_s": self.time_to_train_s if fits else None,
             "bound": self.step.bound if fits else None,
             "time_breakdown_s": dict(self.step.by_bound) if fits else None,
+            "layout_transposes_s": self.step.layout_s if fits else None,
             "calibration": self.target.calibration,
             "calibration_source": self.step.calibration_source,
             "calibration_note": self.target.note,

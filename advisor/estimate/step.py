@@ -85,12 +85,16 @@ class OpTime:
     wait_s: float
     """Time the device sat idle before it, waiting for the host (0 on a CPU)."""
     bound: str
+    layout_s: float = 0.0
+    """Of memory_s, the transposes of channels-first tensors to NHWC and back around a tensor-core
+    convolution (0 for any other op)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "phase": self.phase, "module": self.module, "op": self.op, "series": self.series, "dtype": self.dtype,
             "flops": self.flops, "bytes": self.bytes, "compute_s": self.compute_s, "memory_s": self.memory_s,
             "kernel_s": self.kernel_s, "host_s": self.host_s, "wait_s": self.wait_s, "bound": self.bound,
+            "layout_s": self.layout_s,
         }
 
 
@@ -113,6 +117,12 @@ class StepTime:
         """What limits the step: the largest part of by_bound."""
         return max(BOUNDS, key=lambda b: self.by_bound[b])
 
+    @property
+    def layout_s(self) -> float:
+        """Seconds of the step spent transposing channels-first tensors to NHWC and back for
+        tensor-core convolutions: what channels-last tensors would save."""
+        return sum(op.layout_s for op in self.ops)
+
     def top_ops(self, count: int = 10) -> list[dict[str, Any]]:
         """The ops (by aten name and phase) that take the most time, with their share and bound."""
         groups: dict[tuple[str, str], list[OpTime]] = {}
@@ -133,7 +143,8 @@ class StepTime:
 
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         return {"device_id": self.device_id, "step_time_s": self.step_s, "bound": self.bound,
-                "by_bound_s": dict(self.by_bound), "calibration": self.calibration,
+                "by_bound_s": dict(self.by_bound), "layout_transposes_s": self.layout_s,
+                "calibration": self.calibration,
                 "calibration_source": self.calibration_source, "top_ops": self.top_ops(top)}
 
 
@@ -160,12 +171,12 @@ class _OpTimer:
         self.profile = device.profile
         self.fp32_peak = device.profile.peaks.flops.get("fp32") or _series(device.profile, "gemm", "fp32").peak
         self.bandwidth = device.profile.sustained_bandwidth_bytes_per_s
-        self._memo: dict[tuple, tuple[OpClass, float, float, float]] = {}
+        self._memo: dict[tuple, tuple[OpClass, float, float, float, float]] = {}
         self.fresh_pages = device.profile.get("fresh_pages", "fp32") if device.kind == "cpu" else None
 
-    def kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
-        """(class, compute seconds, memory seconds, serial seconds) of one op: the device overlaps
-        compute and memory traffic; serial work (page faults, layout transposes) stops both."""
+    def kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float, float]:
+        """(class, compute, memory, page faults, layout transposes) of one op, in seconds: the device
+        overlaps compute and memory traffic; page faults and layout transposes stop both."""
         key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
                record.gemm, record.allocated, record.conv)
         found = self._memo.get(key)
@@ -173,9 +184,9 @@ class _OpTimer:
             found = self._memo[key] = self._kernel(record)
         return found
 
-    def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
-        kind, compute, memory, serial = self._device_time(record)
-        return kind, compute, memory, serial + self._first_touch_seconds(record, kind)
+    def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float, float]:
+        kind, compute, memory, layout = self._device_time(record)
+        return kind, compute, memory, self._first_touch_seconds(record, kind), layout
 
     def _first_touch_seconds(self, record: OpRecord, kind: OpClass) -> float:
         """On a CPU, the page faults of the op's large new outputs (FRESH_PAGES_MIN_BYTES and up):
@@ -192,6 +203,7 @@ class _OpTimer:
         return seconds
 
     def _device_time(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
+        """(class, compute, memory, layout transposes) seconds of one op on the device."""
         kind = classify(record, self.precision, cuda_autocast=self.device.kind == "gpu")
         moved = moved_bytes(record, kind)
         if kind.compute:
@@ -289,9 +301,9 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
     by_bound = dict.fromkeys(BOUNDS, 0.0)
     ops: list[OpTime] = []
     for record in records:
-        kind, compute, traffic, serial = timer.kernel(record)
-        kernel = max(compute, traffic) + serial
-        memory = traffic + serial  # page faults and layout transposes are reported as memory time
+        kind, compute, traffic, faults, layout = timer.kernel(record)
+        kernel = max(compute, traffic) + faults + layout
+        memory = traffic + faults + layout  # page faults and layout transposes are memory time
         host = host_seconds(record, overheads)
         if queued:
             host_clock += host
@@ -305,7 +317,8 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
         by_bound["overhead"] += wait
         by_bound[kernel_bound] += kernel
         ops.append(OpTime(record.phase, record.module, record.op, kind.series, kind.dtype, record.flops,
-                          record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound))
+                          record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound,
+                          layout))
     profile = device.profile
     total = sum(by_bound.values())
     assert abs(total - device_clock) <= 1e-9 * max(1.0, total), (total, device_clock)
