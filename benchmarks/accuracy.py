@@ -68,7 +68,7 @@ def bare_roofline_seconds(records: Iterable[OpRecord], precision: str, flops_pea
     amp step's matmuls count at the autocast dtype's peak, as the estimator's (a fair baseline)."""
     total = 0.0
     for record in records:
-        kind = classify(record, precision, cuda_autocast=gpu)
+        kind = classify(record, precision, cuda=gpu)
         dtype: str | None = kind.dtype if kind.compute and not kind.vector else "fp32"
         while dtype is not None and dtype not in flops_peaks:
             dtype = DTYPE_FALLBACK.get(dtype)

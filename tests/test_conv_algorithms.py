@@ -13,24 +13,27 @@ from torch import nn
 
 from advisor.calibration.peaks import DevicePeaks
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
-from advisor.estimate.ops import layout_transposes, winograd_eligible
+from advisor.estimate.ops import classify, layout_transposes, winograd_eligible
 from advisor.estimate.step import DeviceModel, estimate_records
 from advisor.profile.costs import ConvGeometry
 from advisor.profile.trace import OpRecord, trace_training_step
-from tests.test_estimate import FLAT
+from tests.test_estimate import FLAT, mm
 
 
-def profile(tf32_flops: float = 8e12) -> CalibrationProfile:
-    """1 TFLOP/s fp32, `tf32_flops` TF32 and 4 TFLOP/s fp16 tensor-core GEMMs, 100 GB/s copies, all at 50%."""
-    series = (
+def profile(tf32_flops: float | None = 8e12) -> CalibrationProfile:
+    """1 TFLOP/s fp32, `tf32_flops` TF32 (None: no TF32 units, as before Ampere) and 4 TFLOP/s fp16
+    tensor-core GEMMs, 100 GB/s copies, all at 50%."""
+    series = [
         SeriesProfile("gemm", "fp32", "flops", 1e12, FLAT),
-        SeriesProfile("gemm", "tf32", "flops", tf32_flops, FLAT),
         SeriesProfile("gemm", "fp16", "flops", 4e12, FLAT),
         SeriesProfile("copy", "fp32", "bytes", 1e11, FLAT),
-    )
-    return CalibrationProfile("test", "test device", "measured", "quick", "2026-11-22",
-                              DevicePeaks({"fp32": 1e12, "tf32": tf32_flops, "fp16": 4e12}, 1e11), 1e11,
-                              {"dispatch": 0.0, "autograd": 0.0}, series)
+    ]
+    peaks = {"fp32": 1e12, "fp16": 4e12}
+    if tf32_flops is not None:
+        series.append(SeriesProfile("gemm", "tf32", "flops", tf32_flops, FLAT))
+        peaks["tf32"] = tf32_flops
+    return CalibrationProfile("test", "test device", "measured", "quick", "2026-11-22", DevicePeaks(peaks, 1e11),
+                              1e11, {"dispatch": 0.0, "autograd": 0.0}, tuple(series))
 
 
 def conv(c_in: int, c_out: int, kernel: int, stride: int, dtype: str, channels_last: bool = False) -> OpRecord:
@@ -45,7 +48,7 @@ def conv(c_in: int, c_out: int, kernel: int, stride: int, dtype: str, channels_l
                     (1, 8 * side * side, c_out, c_in * kernel * kernel), conv=geometry)
 
 
-def seconds(record: OpRecord, precision: str, kind: str = "gpu", tf32_flops: float = 8e12) -> float:
+def seconds(record: OpRecord, precision: str, kind: str = "gpu", tf32_flops: float | None = 8e12) -> float:
     return estimate_records([record], precision, DeviceModel(kind, kind, profile(tf32_flops))).step_s
 
 
@@ -64,12 +67,13 @@ def test_tensor_core_convolution_of_nchw_tensors_pays_the_transposes() -> None:
 
 def test_fp32_3x3_stride_1_convolution_runs_winograd_on_a_gpu() -> None:
     # 3x3 conv 64 -> 64 on 56x56, batch 8: 2*8*3136*64*64*9 = 1,849,688,064 FLOPs; at 1e12 x 50% that
-    # is 3.699 ms as implicit GEMM (the CPU's time), and 1/2.25 of it, 1.644 ms, with Winograd.
+    # is 3.699 ms as implicit GEMM (the CPU's time), and 1/2.25 of it, 1.644 ms, with Winograd, on a
+    # GPU with no TF32 units (Volta).
     record = conv(64, 64, 3, 1, "float32")
     assert seconds(record, "fp32", kind="cpu") == pytest.approx(3.6994e-3, rel=1e-4)
-    assert seconds(record, "fp32") == pytest.approx(3.6994e-3 / 2.25, rel=1e-4)
+    assert seconds(record, "fp32", tf32_flops=None) == pytest.approx(3.6994e-3 / 2.25, rel=1e-4)
     strided = conv(64, 64, 3, 2, "float32")  # stride 2: implicit GEMM, 1/4 of the FLOPs
-    assert seconds(strided, "fp32") == pytest.approx(3.6994e-3 / 4, rel=1e-4)
+    assert seconds(strided, "fp32", tf32_flops=None) == pytest.approx(3.6994e-3 / 4, rel=1e-4)
 
 
 def test_tf32_convolution_takes_the_faster_of_tensor_cores_and_cuda_cores() -> None:
@@ -81,6 +85,13 @@ def test_tf32_convolution_takes_the_faster_of_tensor_cores_and_cuda_cores() -> N
     # so the CUDA cores, which read NCHW as it is, win with 26.307 ms.
     record = conv(512, 512, 1, 1, "float32")
     assert seconds(record, "tf32") == pytest.approx(3.28833e-3 + 4.15236e-3, rel=1e-4)
+    # torch.backends.cudnn.allow_tf32 is on by default: an fp32 step's convolutions run TF32 as well
+    # (its matmuls do not), and in fp32 where the device has no TF32 units.
+    assert seconds(record, "fp32") == pytest.approx(3.28833e-3 + 4.15236e-3, rel=1e-4)
+    assert seconds(record, "tf32", tf32_flops=None) == pytest.approx(26.30667e-3, rel=1e-4)
+    assert classify(mm(512, 512, 512), "fp32", cuda=True).dtype == "fp32"
+    assert classify(record, "fp32", cuda=True).dtype == "tf32"
+    assert classify(record, "fp32").dtype == "fp32"  # a CPU has no TF32
     assert seconds(record, "tf32", tf32_flops=1e12) == pytest.approx(26.30667e-3, rel=1e-4)
     step = estimate_records([record], "tf32", DeviceModel("gpu", "gpu", profile(1e12)))
     assert step.ops[0].dtype == "fp32"

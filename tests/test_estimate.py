@@ -144,7 +144,7 @@ def test_dropout_masks_are_timed_by_the_random_series_or_copy_without_one() -> N
 
 def test_amp_matmuls_run_in_16_bits_on_a_gpu_only() -> None:
     record = mm(1000, 1000, 1000)  # recorded in fp32, as CPU autocast leaves attention
-    gpu_kind, cpu_kind = classify(record, "amp-bf16", cuda_autocast=True), classify(record, "amp-bf16")
+    gpu_kind, cpu_kind = classify(record, "amp-bf16", cuda=True), classify(record, "amp-bf16")
     assert (gpu_kind.dtype, cpu_kind.dtype) == ("bf16", "fp32")
     assert moved_bytes(record, gpu_kind) == (record.bytes_read + record.bytes_written) // 2
     # on the GPU: 2e9 FLOPs at 4e12 x 50% = 1 ms (+10 us of host)

@@ -115,18 +115,23 @@ in backward the two reductions, then the input gradient): it moves its input onc
 op's arguments and results count."""
 
 
-def math_dtype(record: OpRecord, precision: str, cuda_autocast: bool = False) -> str:
+def math_dtype(record: OpRecord, precision: str, cuda: bool = False) -> str:
     """Calibration dtype of an op's math: fp16/bf16 when it reads such tensors; fp32 ops run as TF32
-    under the tf32 precision (torch's allow_tf32 switches). With `cuda_autocast`, a matmul-class op
-    of an amp step runs in the autocast dtype whatever the trace recorded: CUDA autocast casts every
-    matmul, convolution and attention to it, where CPU autocast (which the trace runs) leaves some,
-    such as scaled_dot_product_attention, in fp32."""
+    under the tf32 precision (torch's allow_tf32 switches). On a CUDA device (`cuda`), also:
+    - a matmul-class op of an amp step runs in the autocast dtype whatever the trace recorded: CUDA
+      autocast casts every matmul, convolution and attention to it, where CPU autocast (which the
+      trace runs) leaves some, such as scaled_dot_product_attention, in fp32;
+    - an fp32 convolution runs as TF32 under the fp32 precision too: torch.backends.cudnn.allow_tf32
+      (cudnn.conv.fp32_precision "tf32") is on by default; only matmuls' switch is off since torch
+      1.12. A device with no TF32 units runs it in fp32 (DTYPE_FALLBACK)."""
     for name, dtype in MATH_DTYPES.items():
         if name in record.dtypes:
             return dtype
-    if cuda_autocast and precision in AUTOCAST_DTYPES:
+    if cuda and precision in AUTOCAST_DTYPES:
         return AUTOCAST_DTYPES[precision]
-    return "tf32" if precision == "tf32" else "fp32"
+    if precision == "tf32" or (cuda and precision == "fp32" and record.op in CONVOLUTIONS | CONVOLUTION_BACKWARD):
+        return "tf32"
+    return "fp32"
 
 
 def moved_bytes(record: OpRecord, kind: OpClass) -> int:
@@ -177,8 +182,9 @@ def is_small_group_conv(record: OpRecord) -> bool:
     return groups > 1 and n < SMALL_GROUP_CHANNELS
 
 
-def classify(record: OpRecord, precision: str, cuda_autocast: bool = False) -> OpClass:
-    """Series and dtype that time `record` under `precision` (see math_dtype for `cuda_autocast`)."""
+def classify(record: OpRecord, precision: str, cuda: bool = False) -> OpClass:
+    """Series and dtype that time `record` under `precision` on a CPU, or on a CUDA device (`cuda`,
+    see math_dtype)."""
     if record.matmul and record.flops > 0:
         if record.op in CONVOLUTIONS:
             series = "conv"
@@ -188,7 +194,7 @@ def classify(record: OpRecord, precision: str, cuda_autocast: bool = False) -> O
             series = "gemm"
         if is_small_group_conv(record):
             return OpClass(series, "fp32", compute=True, vector=True)
-        return OpClass(series, math_dtype(record, precision, cuda_autocast), compute=True)
+        return OpClass(series, math_dtype(record, precision, cuda), compute=True)
     return OpClass(memory_series(record.op), storage_dtype(record), compute=False)
 
 

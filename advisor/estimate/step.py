@@ -204,7 +204,7 @@ class _OpTimer:
 
     def _device_time(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
         """(class, compute, memory, layout transposes) seconds of one op on the device."""
-        kind = classify(record, self.precision, cuda_autocast=self.device.kind == "gpu")
+        kind = classify(record, self.precision, cuda=self.device.kind == "gpu")
         moved = moved_bytes(record, kind)
         if kind.compute:
             compute, memory = self._compute_seconds(record, kind, record.flops, moved)
@@ -248,6 +248,8 @@ class _OpTimer:
         conv = record.conv
         assert conv is not None
         tensor_cores = self._on_tensor_cores(kind)
+        if kind.dtype == "tf32" and not tensor_cores:  # no TF32 units: cuDNN runs it in fp32
+            kind = OpClass(kind.series, "fp32", compute=True)
         layout = 0.0
         if tensor_cores and not conv.channels_last:
             element = ELEMENT_BYTES[kind.dtype]
