@@ -16,6 +16,7 @@ from advisor.profile.trace import OpRecord
 
 CONVOLUTIONS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"})
 CONVOLUTION_BACKWARD = frozenset({"convolution_backward"})
+ALL_CONVOLUTIONS = CONVOLUTIONS | CONVOLUTION_BACKWARD
 
 NORMS = frozenset({
     "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
@@ -129,7 +130,7 @@ def math_dtype(record: OpRecord, precision: str, cuda: bool = False) -> str:
             return dtype
     if cuda and precision in AUTOCAST_DTYPES:
         return AUTOCAST_DTYPES[precision]
-    if precision == "tf32" or (cuda and precision == "fp32" and record.op in CONVOLUTIONS | CONVOLUTION_BACKWARD):
+    if precision == "tf32" or (cuda and precision == "fp32" and record.op in ALL_CONVOLUTIONS):
         return "tf32"
     return "fp32"
 
@@ -176,7 +177,7 @@ def memory_series(op: str) -> str:
 
 def is_small_group_conv(record: OpRecord) -> bool:
     """A convolution with too few channels per group for tensor-core tiles (see SMALL_GROUP_CHANNELS)."""
-    if record.gemm is None or (record.op not in CONVOLUTIONS and record.op not in CONVOLUTION_BACKWARD):
+    if record.gemm is None or record.op not in ALL_CONVOLUTIONS:
         return False
     groups, _, n, _ = record.gemm
     return groups > 1 and n < SMALL_GROUP_CHANNELS
