@@ -91,8 +91,6 @@ WINOGRAD_MIN_CHANNELS = 48
 GEMM below (cuDNN 5 heuristics, measured by the waifu2x developers, nagadomi/waifu2x#122)."""
 
 TENSOR_CORE_DTYPES = frozenset({"tf32", "fp16", "bf16"})
-ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
-"""Bytes per element of a math dtype's tensors (TF32 math reads fp32 tensors)."""
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from typing import Any
 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline, roofline_work
+from advisor.calibration.suite import TORCH_DTYPES
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
     DTYPE_FALLBACK,
-    ELEMENT_BYTES,
     FRESH_OUTPUT_SERIES,
     FRESH_PAGES_MIN_BYTES,
     TENSOR_CORE_DTYPES,
@@ -252,15 +252,15 @@ class _OpTimer:
             kind = OpClass(kind.series, "fp32", compute=True)
         layout = 0.0
         if tensor_cores and not conv.channels_last:
-            element = ELEMENT_BYTES[kind.dtype]
-            copy_dtype = "fp32" if element == 4 else kind.dtype
+            element = TORCH_DTYPES[kind.dtype].itemsize  # TF32 math transposes fp32 tensors
+            copy_dtype = "fp32" if kind.dtype == "tf32" else kind.dtype
             layout = sum(self._memory_seconds("copy", copy_dtype, 2 * size * element)
                          for size in layout_transposes(conv))
         options = [(kind, compute, memory, layout)]
         fp32 = OpClass(kind.series, "fp32", compute=True)
         if kind.dtype == "tf32":
             options.append((fp32, *self._compute_seconds(record, fp32, record.flops, moved), 0.0))
-        if winograd_eligible(conv) and (kind.dtype in ("fp32", "tf32") or not tensor_cores):
+        if winograd_eligible(conv) and (kind.dtype == "tf32" or not tensor_cores):
             saved = record.flops / WINOGRAD_MULTIPLY_SAVING
             options.append((fp32, *self._compute_seconds(record, fp32, saved, moved), 0.0))
         return min(options, key=lambda option: max(option[1], option[2]) + option[3])
