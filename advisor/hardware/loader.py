@@ -12,6 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import reprlib
+import stat
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,30 +87,85 @@ FORM_FACTORS = ("pcie-card", "sxm", "oam", "superchip", "laptop", "integrated", 
 GRADES = ("A", "B", "C", "D", "X")
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
-# Upper bounds that no real device reaches; a figure above them is a typo or a unit mistake.
-LIMITS = {
-    "memory_gb": 4096,
-    "bandwidth_gbps": 100_000,
-    "sm_count": 10_000,
-    "boost_clock_mhz": 10_000,
-    "l2_cache_mb": 4096,
-    "tdp_w": 5000,
-    "nvlink_gbps": 100_000,
-    "peak_tflops": 100_000,
-    "launch_msrp_usd": 1_000_000,
-    "street_price_usd": 1_000_000,
-    "usd_per_gpu_hour": 1000,
+# Plausible ranges (low, high) of every number in the database: no real device falls outside them, so a
+# figure outside is a typo or a unit mistake (TB/s written where GB/s is meant, MB where GB). A low of 0
+# means any positive figure. The shipped database spans memory 8-192 GiB, bandwidth 288-8,000 GB/s and
+# peaks 0.18-4,500 TFLOP/s; the ranges leave room for older, smaller and future parts.
+LIMITS: dict[str, tuple[float, float]] = {
+    "memory_gb": (0.5, 4096),
+    "bandwidth_gbps": (10, 100_000),
+    "peak_tflops": (0.001, 100_000),
+    "sm_count": (0, 10_000),
+    "boost_clock_mhz": (0, 10_000),
+    "l2_cache_mb": (0, 4096),
+    "tdp_w": (0, 5000),
+    "nvlink_gbps": (0, 100_000),
+    "pcie_gen": (0, 16),
+    "pcie_lanes": (0, 64),
+    "launch_msrp_usd": (0, 1_000_000),
+    "street_price_usd": (0, 1_000_000),
+    "usd_per_gpu_hour": (0, 1000),
+    "gpus_per_instance": (0, 1024),
+    "cuda_context_mib": (0, 65_536),
+    "cublas_workspace_mib": (0, 65_536),
+    "electricity_usd_per_kwh": (0, 10),
 }
+
+# What one file may cost to read. The shipped files are under 20 KB and a few thousand values each; a
+# file above these bounds is a mistake or an attack (a 50 MB catalog, a YAML alias bomb whose few
+# hundred bytes expand to billions of values, ten thousand nested brackets that crash libyaml).
+MAX_FILE_BYTES = 4 * 2**20
+MAX_VALUES = 1_000_000
+"""Values in one file once its aliases (*name) are expanded, as the validation walks them."""
+MAX_DEPTH = 32
+"""Nesting levels in one file; the database needs 4 (file, list, entry, peak_tflops)."""
+SHOWN_CHARS = 60
+"""The most characters of a value an error message shows."""
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxset = 2, 4, 3, 4
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = SHOWN_CHARS
+
+
+def shown(value: Any) -> str:
+    """`value` as an error message shows it: its repr cut to SHOWN_CHARS (never the whole of a huge value)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+def _is_plain(value: Any) -> bool:
+    """Short printable text, which a message may show as it is."""
+    return isinstance(value, str) and value.isprintable() and len(value) <= SHOWN_CHARS
+
+
+def _text(value: Any) -> str:
+    """A name as a message shows it: short printable text as it is, anything else as shown()."""
+    return value if _is_plain(value) else shown(value)
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """yaml's safe loader (libyaml's parser where installed; only plain data, no Python objects), with
+    a value its tag cannot hold (a date that does not exist, `!!float abc`, an integer of 5,000 digits)
+    reported as a YAML error at its line instead of a bare ValueError."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            what = shown(node.value) if isinstance(node, yaml.ScalarNode) else "this value"
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} ({exc})",
+                                                    node.start_mark) from None
 
 
 class HwdbError(UserError):
     """A problem in a hardware-database file: which file, which entry, which key, what is wrong."""
 
     def __init__(self, path: str | Path, message: str, entry: str | None = None, key: str | None = None):
-        where = str(path)
+        where = str(path) if str(path).isprintable() else repr(str(path))
         if entry is not None:
             where += f": entry {entry}"
         if key is not None:
+            key = _text(key)
             where += f", key '{key}'" if entry is not None else f": key '{key}'"
         super().__init__(f"{where}: {message}")
 
@@ -198,24 +256,117 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
 
 def _read_layer(directory: Path) -> _Layer:
     layer = _Layer(directory, [], [], [], [], {}, {})
-    files = sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
-    for path in files:
+    for path in _yaml_files(directory):
         _read_document(path, layer)
     return layer
 
 
-def _read_document(path: Path, layer: _Layer) -> None:
+def _yaml_files(directory: Path) -> list[Path]:
+    """Every *.yaml / *.yml below `directory`, sorted; a folder that cannot be listed is an error (it may
+    hold entries), links to folders are not followed (as rglob does)."""
+
+    def unreadable(exc: OSError) -> None:
+        raise HwdbError(exc.filename or directory, f"folder cannot be read ({exc.strerror or exc})")
+
+    found = []
+    for folder, _, names in os.walk(directory, onerror=unreadable):
+        found += [Path(folder) / name for name in names if name.endswith((".yaml", ".yml"))]
+    return sorted(found)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, refused before it is parsed when it is not a plain file, cannot be read, is
+    larger than MAX_FILE_BYTES or is not UTF-8."""
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block, a device never end
+            raise HwdbError(path, "is not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise HwdbError(path, f"is {info.st_size / 2**20:,.1f} MiB, above the limit of "
+                                  f"{MAX_FILE_BYTES / 2**20:g} MiB for one hardware-database file")
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise HwdbError(path, f"cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_FILE_BYTES:  # it grew after stat()
+        raise HwdbError(path, f"is above the limit of {MAX_FILE_BYTES / 2**20:g} MiB for one hardware-database file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise HwdbError(path, f"line {line}: byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8 "
+                              "text") from None
+
+
+def _check_structure(path: Path, text: str) -> None:
+    """Walk the YAML events (libyaml parses without recursion) before anything is built: refuse nesting
+    deeper than MAX_DEPTH (libyaml's composer recurses and crashes on ten thousand levels), an alias
+    inside the value it names, and more than MAX_VALUES values with the aliases expanded (an alias
+    bomb). Linear in the file's size: each anchor's expanded size is recorded once."""
+    sizes: dict[str, int] = {}
+    open_nodes: list[tuple[str | None, int]] = []
+    total = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.AliasEvent):
+            size = sizes.get(event.anchor)
+            if size is None:
+                if any(anchor == event.anchor for anchor, _ in open_nodes):
+                    raise HwdbError(path, f"line {event.start_mark.line + 1}: alias *{_text(event.anchor)} is "
+                                          "inside the value it names (a value cannot contain itself)")
+                continue  # an undefined alias: yaml's composer says so with its line
+            total += size
+        elif isinstance(event, yaml.ScalarEvent):
+            total += 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            total += 1
+            open_nodes.append((event.anchor, total))
+            if len(open_nodes) > MAX_DEPTH:
+                raise HwdbError(path, f"line {event.start_mark.line + 1}: values nested more than {MAX_DEPTH} "
+                                      "levels deep; the database needs 4")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, start = open_nodes.pop()
+            if anchor is not None:
+                sizes[anchor] = total - start + 1
+        if total > MAX_VALUES:
+            raise HwdbError(path, f"holds more than {MAX_VALUES:,} values once its aliases (*name) are expanded; "
+                                  "a hardware-database file needs a few thousand")
+
+
+def _load_yaml(path: Path) -> Any:
+    """The document in `path`, built only after it passed _read_text and _check_structure."""
+    text = _read_text(path)
+    try:
+        _check_structure(path, text)
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a safe loader)
     except yaml.YAMLError as exc:
-        raise HwdbError(path, f"not valid YAML: {_one_line(exc)}") from None
+        raise HwdbError(path, f"not valid YAML{_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """' at line L, column C: what yaml says', cut to a readable length."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        what = "; ".join(part for part in (exc.context, exc.problem) if part)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    else:
+        what, where = _one_line(exc), ""
+    what = " ".join(what.split())
+    if len(what) > 2 * SHOWN_CHARS:
+        what = what[: 2 * SHOWN_CHARS - 3] + "..."
+    return f"{where}: {what}" if what else where
+
+
+def _read_document(path: Path, layer: _Layer) -> None:
+    document = _load_yaml(path)
     if document is None:
         return
     if not isinstance(document, dict):
         raise HwdbError(path, "the top level must be a mapping (gpus:, offers:, sources: ...)")
     for key in document:
         if key not in DOCUMENT_KEYS:
-            raise HwdbError(path, f"unknown top-level key{did_you_mean(str(key), DOCUMENT_KEYS)}", key=str(key))
+            raise HwdbError(path, f"unknown top-level key{_suggest(key, DOCUMENT_KEYS)}", key=str(key))
     if "date" in document:
         layer.dates[path] = _as_date(path, None, "date", document["date"])
     kinds = (("gpus", layer.gpus), ("offers", layer.offers), ("sources", layer.sources),
@@ -239,14 +390,19 @@ def _read_document(path: Path, layer: _Layer) -> None:
 def _entry_label(kind: str, index: int, raw: Any) -> str:
     if isinstance(raw, dict):
         if kind == "offers" and {"gpu", "provider", "instance"} <= raw.keys():
-            return f"#{index} ({raw['provider']} {raw['instance']} {raw['gpu']})"
+            return f"#{index} ({_text(raw['provider'])} {_text(raw['instance'])} {_text(raw['gpu'])})"
         if "id" in raw:
-            return f"'{raw['id']}'"
+            return f"'{raw['id']}'" if _is_plain(raw["id"]) else shown(raw["id"])
     return f"#{index}"
 
 
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
+
+
+def _suggest(word: Any, candidates: Iterable[str]) -> str:
+    """did_you_mean() for a key of any type and length (a long key is cut before it is compared)."""
+    return did_you_mean(str(word)[: 2 * SHOWN_CHARS], candidates)
 
 
 # ----------------------------------------------------------------------------- merging
@@ -284,7 +440,7 @@ def _check_keys(path: Path, label: str, raw: dict[str, Any], required: Iterable[
     allowed = set(required) | set(optional)
     for key in raw:
         if key not in allowed:
-            raise HwdbError(path, f"unknown key{did_you_mean(str(key), allowed)}", entry=label, key=str(key))
+            raise HwdbError(path, f"unknown key{_suggest(key, allowed)}", entry=label, key=str(key))
     for key in required:
         if raw.get(key) is None:
             raise HwdbError(path, "is required", entry=label, key=key)
@@ -292,25 +448,46 @@ def _check_keys(path: Path, label: str, raw: dict[str, Any], required: Iterable[
 
 def _as_str(path: Path, label: str | None, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise HwdbError(path, f"must be a non-empty string, got {value!r}", entry=label, key=key)
+        raise HwdbError(path, f"must be a non-empty string, got {shown(value)}", entry=label, key=key)
+    return value
+
+
+def _as_url(path: Path, label: str | None, key: str, value: Any) -> str:
+    """An http(s) address, or "" where the source is not on the web: never javascript:, data: or file:,
+    which the report would turn into a live link."""
+    if not isinstance(value, str):
+        raise HwdbError(path, f"must be a string, got {shown(value)}", entry=label, key=key)
+    if value == "":
+        return value
+    try:
+        parts = urllib.parse.urlsplit(value)
+    except ValueError:
+        parts = None
+    if (parts is None or parts.scheme.lower() not in ("http", "https") or not parts.netloc
+            or any(c.isspace() or not c.isprintable() for c in value)):
+        raise HwdbError(path, f"must be an http:// or https:// address (or empty), got {shown(value)}",
+                        entry=label, key=key)
     return value
 
 
 def _as_number(path: Path, label: str | None, key: str, value: Any, limit_key: str | None = None) -> float:
+    """A positive number inside LIMITS[limit_key or key] (every numeric key has its range there)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise HwdbError(path, f"must be a number, got {value!r}", entry=label, key=key)
-    if not value > 0:
-        raise HwdbError(path, f"must be positive, got {value}", entry=label, key=key)
-    limit = LIMITS.get(limit_key or key)
-    if limit is not None and value > limit:
-        raise HwdbError(path, f"{value} is not plausible (above {limit}); check the unit", entry=label, key=key)
+        raise HwdbError(path, f"must be a number, got {shown(value)}", entry=label, key=key)
+    if not value > 0:  # nan too
+        raise HwdbError(path, f"must be positive, got {shown(value)}", entry=label, key=key)
+    low, high = LIMITS[limit_key or key]
+    if not low <= value <= high:  # inf too; checked before float(), which overflows on huge integers
+        allowed = f"{low:,g} to {high:,g}" if low else f"up to {high:,g}"
+        raise HwdbError(path, f"{shown(value)} is not plausible (allowed {allowed}); check the unit",
+                        entry=label, key=key)
     return float(value)
 
 
 def _as_int(path: Path, label: str, key: str, value: Any) -> int:
     number = _as_number(path, label, key, value)
     if number != int(number):
-        raise HwdbError(path, f"must be a whole number, got {value}", entry=label, key=key)
+        raise HwdbError(path, f"must be a whole number, got {shown(value)}", entry=label, key=key)
     return int(number)
 
 
@@ -322,13 +499,13 @@ def _as_date(path: Path, label: str | None, key: str, value: Any) -> dt.date:
             return dt.date.fromisoformat(value)
         except ValueError:
             pass
-    raise HwdbError(path, f"must be a date YYYY-MM-DD, got {value!r}", entry=label, key=key)
+    raise HwdbError(path, f"must be a date YYYY-MM-DD, got {shown(value)}", entry=label, key=key)
 
 
 def _as_choice(path: Path, label: str, key: str, value: Any, choices: Sequence[str]) -> str:
     text = _as_str(path, label, key, value)
     if text not in choices:
-        raise HwdbError(path, f"'{text}' is not one of {', '.join(choices)}", entry=label, key=key)
+        raise HwdbError(path, f"{shown(text)} is not one of {', '.join(choices)}", entry=label, key=key)
     return text
 
 
@@ -341,7 +518,7 @@ def _build_source(path: Path, label: str, raw: dict[str, Any]) -> Source:
     _check_keys(path, label, raw, SOURCE_REQUIRED, ())
     source_id = _as_str(path, label, "id", raw["id"])
     grade = _as_choice(path, label, "grade", raw["grade"], GRADES)
-    url = raw["url"] if isinstance(raw["url"], str) else ""
+    url = _as_url(path, label, "url", raw["url"])
     return Source(source_id, grade, _as_str(path, label, "title", raw["title"]), url)
 
 
@@ -350,9 +527,12 @@ def _check_sources(path: Path, label: str, raw: dict[str, Any], source_ids: set[
     if not isinstance(sources, list) or not sources:
         raise HwdbError(path, "must be a non-empty list of source ids", entry=label, key="sources")
     for source_id in sources:
+        if not isinstance(source_id, str):
+            raise HwdbError(path, f"must be a list of source ids, got {shown(source_id)} in it", entry=label,
+                            key="sources")
         if source_id not in source_ids:
-            hint = did_you_mean(str(source_id), source_ids)
-            raise HwdbError(path, f"unknown source '{source_id}'{hint}", entry=label, key="sources")
+            hint = _suggest(source_id, source_ids)
+            raise HwdbError(path, f"unknown source {shown(source_id)}{hint}", entry=label, key="sources")
     return tuple(str(s) for s in sources)
 
 
@@ -374,8 +554,8 @@ def _build_peaks(path: Path, label: str, raw: Any) -> PeakThroughput:
     values: dict[str, float] = {}
     for mode, tflops in raw.items():
         if mode not in PEAK_MODES:
-            hint = did_you_mean(str(mode), PEAK_MODES)
-            raise HwdbError(path, f"unknown math mode{hint}", entry=label, key=f"peak_tflops.{mode}")
+            hint = _suggest(mode, PEAK_MODES)
+            raise HwdbError(path, f"unknown math mode{hint}", entry=label, key=f"peak_tflops.{_text(mode)}")
         if tflops is None:
             continue
         values[mode] = _as_number(path, label, f"peak_tflops.{mode}", tflops, "peak_tflops") * units.TERA
@@ -386,8 +566,9 @@ def _build_peaks(path: Path, label: str, raw: Any) -> PeakThroughput:
 
 def _figure_names(raw: dict[str, Any]) -> set[str]:
     names = {key for key, value in raw.items() if value is not None}
-    peaks = raw.get("peak_tflops") or {}
-    names |= {f"peak_tflops.{mode}" for mode, value in peaks.items() if value is not None}
+    peaks = raw.get("peak_tflops")
+    if isinstance(peaks, dict):  # anything else is reported by _build_peaks
+        names |= {f"peak_tflops.{mode}" for mode, value in peaks.items() if value is not None}
     return names
 
 
@@ -403,25 +584,28 @@ def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]
         raise HwdbError(path, "must map figure names to how they were derived", entry=label, key="derived")
     for figure, how in derived.items():
         if figure not in figures:
-            raise HwdbError(path, f"names '{figure}', which this entry does not have", entry=label, key="derived")
+            raise HwdbError(path, f"names {shown(figure)}, which this entry does not have", entry=label,
+                            key="derived")
         _as_str(path, label, f"derived.{figure}", how)
     unverified = raw.get("unverified") or []
     if not isinstance(unverified, list):
         raise HwdbError(path, "must be a list of figure names", entry=label, key="unverified")
     for figure in unverified:
-        if figure not in figures:
-            raise HwdbError(path, f"names '{figure}', which this entry does not have", entry=label, key="unverified")
+        if not isinstance(figure, str) or figure not in figures:
+            raise HwdbError(path, f"names {shown(figure)}, which this entry does not have", entry=label,
+                            key="unverified")
     if unverified and "X" not in sources:
         raise HwdbError(path, "unverified figures need source X in 'sources'", entry=label, key="unverified")
     aliases = raw.get("aliases") or []
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise HwdbError(path, "must be a list of names", entry=label, key="aliases")
     capability = raw.get("compute_capability")
-    if capability is not None and not re.fullmatch(r"\d+\.\d+", str(capability)):
-        raise HwdbError(path, f"must look like '8.6', got {capability!r}", entry=label, key="compute_capability")
+    if capability is not None and not (isinstance(capability, (str, float))
+                                       and re.fullmatch(r"\d{1,3}\.\d{1,3}", str(capability))):
+        raise HwdbError(path, f"must look like '8.6', got {shown(capability)}", entry=label, key="compute_capability")
     has_nvlink = raw.get("nvlink")
     if has_nvlink is not None and not isinstance(has_nvlink, bool):
-        raise HwdbError(path, f"must be true or false, got {has_nvlink!r}", entry=label, key="nvlink")
+        raise HwdbError(path, f"must be true or false, got {shown(has_nvlink)}", entry=label, key="nvlink")
     nvlink_gbps = _optional(raw, "nvlink_gbps", lambda v: _as_number(path, label, "nvlink_gbps", v))
     if has_nvlink is False and nvlink_gbps is not None:
         raise HwdbError(path, "nvlink is false but nvlink_gbps is given", entry=label, key="nvlink_gbps")
@@ -482,10 +666,11 @@ def _build_offer(
     _check_keys(path, label, raw, OFFER_REQUIRED, OFFER_OPTIONAL)
     gpu_id = _as_str(path, label, "gpu", raw["gpu"])
     if gpu_id not in gpu_ids:
-        raise HwdbError(path, f"unknown GPU id '{gpu_id}'{did_you_mean(gpu_id, gpu_ids)}", entry=label, key="gpu")
+        raise HwdbError(path, f"unknown GPU id {shown(gpu_id)}{_suggest(gpu_id, gpu_ids)}", entry=label, key="gpu")
     source = _as_str(path, label, "source", raw["source"])
     if source not in source_ids:
-        raise HwdbError(path, f"unknown source '{source}'{did_you_mean(source, source_ids)}", entry=label, key="source")
+        raise HwdbError(path, f"unknown source {shown(source)}{_suggest(source, source_ids)}", entry=label,
+                        key="source")
     price = _as_number(path, label, "usd_per_gpu_hour", raw["usd_per_gpu_hour"])
     spot = _optional(
         raw, "spot_usd_per_gpu_hour", lambda v: _as_number(path, label, "spot_usd_per_gpu_hour", v, "usd_per_gpu_hour")
@@ -499,7 +684,7 @@ def _build_offer(
         raise HwdbError(path, "needs a date (on the offer or at the top of the file)", entry=label, key="date")
     gpu_only = raw.get("gpu_only", False)
     if not isinstance(gpu_only, bool):
-        raise HwdbError(path, f"must be true or false, got {gpu_only!r}", entry=label, key="gpu_only")
+        raise HwdbError(path, f"must be true or false, got {shown(gpu_only)}", entry=label, key="gpu_only")
     return CloudOffer(
         gpu_id=gpu_id,
         provider=_as_str(path, label, "provider", raw["provider"]).lower(),
@@ -524,9 +709,9 @@ def _build_defaults(layers: Sequence[_Layer], source_ids: set[str]) -> CostDefau
         raise HwdbError(layers[0].directory, "no file sets electricity_usd_per_kwh", key="electricity_usd_per_kwh")
     path, price = merged["electricity_usd_per_kwh"]
     kwh = _as_number(path, None, "electricity_usd_per_kwh", price)
-    if kwh > 10:
-        raise HwdbError(path, f"{kwh} USD/kWh is not plausible; check the unit", key="electricity_usd_per_kwh")
     source_path, source = merged.get("electricity_source", (path, "X"))
+    source = _as_str(source_path, None, "electricity_source", source)
     if source not in source_ids:
-        raise HwdbError(source_path, f"unknown source '{source}'", key="electricity_source")
+        raise HwdbError(source_path, f"unknown source {shown(source)}{_suggest(source, source_ids)}",
+                        key="electricity_source")
     return CostDefaults(electricity_usd_per_kwh=kwh, electricity_source=str(source))
