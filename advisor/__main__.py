@@ -2,4 +2,4 @@
 
 from advisor.cli.main import console_main
 
-raise SystemExit(console_main())
+console_main()

@@ -90,5 +90,5 @@ def test_model_file_imports_its_neighbours(tmp_path: Path) -> None:
 
 
 def test_bad_batch_size_constant(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="BATCH_SIZE must be a positive integer, got 0"):
+    with pytest.raises(UserError, match="BATCH_SIZE must be a whole number from 1 to 1,048,576, got 0"):
         load_model_file(write(tmp_path, GOOD.replace("BATCH_SIZE = 16", "BATCH_SIZE = 0")))

@@ -8,20 +8,22 @@ import json
 import shutil
 import sys
 
+from typing import TYPE_CHECKING
+
 from advisor import units
-from advisor.calibration.reference import load_families
-from advisor.cli.calibrate import ProgressBar
-from advisor.cli.format import count, duration, money, plan_duration, si
-from advisor.cli.memory import add_memory_arguments, settings_from_arguments
-from advisor.cli.profile import add_model_arguments, positive_float, positive_int, progress
+from advisor.cli.arguments import add_estimate_arguments, progress, unique
+from advisor.cli.format import count, duration, fits_nowhere_message, money, plan_duration, si
+from advisor.cli.memory import settings_from_arguments
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
-from advisor.estimate.costs import DEFAULT_SAMPLES, Job
-from advisor.estimate.plan import DeviceEstimate, Estimate, EstimateSettings, estimate_model
-from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
+from advisor.estimate.costs import Job
 from advisor.hardware.specs import HardwareDB
+from advisor.process import user_output_to_stderr
 from advisor.profile.model_file import ModelFile, load_model_file
-from advisor.profile.profiler import default_batch_size
+
+if TYPE_CHECKING:
+    from advisor.estimate.plan import DeviceEstimate, Estimate
+    from advisor.estimate.targets import EstimateTarget
 
 SORT_KEYS = ("time", "cost", "throughput", "memory", "name")
 
@@ -43,31 +45,19 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.set_defaults(run=run)
 
 
-def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model, training settings, targets and job: shared by `estimate` and `report`."""
-    add_model_arguments(parser)
-    add_memory_arguments(parser)
-    parser.add_argument("--local", action="store_true",
-                        help="add this machine's devices (local-cpu, local-cudaN), timed from the local calibration "
-                             "(a quick one is measured and cached when none is)")
-    job = parser.add_argument_group("job (default: the model file's TRAIN_SAMPLES, else "
-                                    f"{DEFAULT_SAMPLES:,} samples, x 1 epoch)")
-    job.add_argument("--samples", type=positive_int, metavar="N", help="samples in one epoch")
-    job.add_argument("--epochs", type=positive_float, metavar="E", help="passes over the samples (default 1)")
-    job.add_argument("--steps", type=positive_int, metavar="N", help="optimizer steps instead of samples x epochs")
-    parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
-    parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
-
-
 def estimate_from_arguments(args: argparse.Namespace, db: HardwareDB) -> Estimate:
-    """Check the arguments, then trace and estimate (the part `estimate` and `report` share)."""
+    """Check the arguments, then trace and estimate (the part `estimate` and `report` share). The
+    model file's output goes to stderr meanwhile: stdout carries our data alone."""
+    from advisor.estimate.plan import EstimateSettings, estimate_model  # torch: only once a model is traced
+
     db = db.with_offers_from(args.provider)
-    model = load_model_file(args.model)
-    job = job_from_arguments(args, model)
-    memory = settings_from_arguments(args, args.batch_size or default_batch_size(model))
-    settings = EstimateSettings(memory, job, args.spot)
-    targets = build_targets(args, db)  # after the cheap checks: --local may calibrate for seconds
-    return estimate_model(model, db, targets, settings, progress=progress)
+    with user_output_to_stderr():
+        model = load_model_file(args.model)
+        job = job_from_arguments(args, model)
+        memory = settings_from_arguments(args, args.batch_size or model.default_batch_size)
+        settings = EstimateSettings(memory, job, args.spot)
+        targets = build_targets(args, db)  # after the cheap checks: --local may calibrate for seconds
+        return estimate_model(model, db, targets, settings, progress=progress)
 
 
 def job_from_arguments(args: argparse.Namespace, model: ModelFile) -> Job:
@@ -79,8 +69,12 @@ def job_from_arguments(args: argparse.Namespace, model: ModelFile) -> Job:
 
 
 def build_targets(args: argparse.Namespace, db: HardwareDB) -> list[EstimateTarget]:
+    from advisor.calibration.reference import load_families
+    from advisor.cli.calibrate import ProgressBar
+    from advisor.estimate.targets import database_targets, local_targets
+
     families = load_families(db)
-    gpus = [db.gpu(gpu_id) for gpu_id in args.gpu] or list(db.gpus)
+    gpus = [db.gpu(gpu_id) for gpu_id in unique(args.gpu)] or list(db.gpus)
     targets = database_targets(db, gpus, families)
     if args.local:
         bar = ProgressBar("calibrating this machine") if sys.stderr.isatty() else None
@@ -102,21 +96,13 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         width = shutil.get_terminal_size((160, 40)).columns if sys.stdout.isatty() else None
         print(render_estimate(estimate, args.sort, width))
     if not estimate.fitting:
-        raise UserError(fits_nowhere_message(estimate))
+        raise UserError(fits_nowhere(estimate))
     return 0
 
 
-def fits_nowhere_message(estimate: Estimate) -> str:
+def fits_nowhere(estimate: Estimate) -> str:
     """One sentence: what the model needs, the largest device, and what to change."""
-    biggest = max(estimate.results, key=lambda r: r.memory.capacity_bytes)
-    settings = estimate.settings.memory
-    fix = "--precision amp-bf16, --checkpointing, or a smaller --batch-size"
-    if biggest.memory.max_batch_size:
-        fix = f"--batch-size {biggest.memory.max_batch_size} or less (on {biggest.id}), --checkpointing, or amp-bf16"
-    return (f"{estimate.model.name} does not fit on any of the {len(estimate.results)} devices at batch "
-            f"{settings.batch_size} ({settings.precision}, {settings.optimizer}): it needs "
-            f"{gib(biggest.memory.peak_bytes)} GiB, the largest ({biggest.id}) has {gib(biggest.memory.capacity_bytes)} "
-            f"GiB; try {fix}")
+    return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results])
 
 
 def gib(nbytes: float) -> str:

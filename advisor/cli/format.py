@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 _PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
@@ -24,7 +27,7 @@ def _significant(value: float, digits: int) -> str:
 _COUNT_PREFIXES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"))
 
 
-def count(value: int) -> str:
+def count(value: float) -> str:
     """25557032 -> "25.6 M", 6738415616 -> "6.74 B" (parameters and the like)."""
     for scale, prefix in _COUNT_PREFIXES:
         if abs(value) >= scale:
@@ -48,11 +51,16 @@ def money(value: float | None) -> str:
     """USD with the precision a budget needs: 1,234 / 12.34 / 0.012; "-" for none."""
     if value is None:
         return "-"
+    if value >= 1e9:  # absurd jobs stay readable: 3.46 T or 1.2e+18, not a row of digits
+        return count(value) if value < 1e15 else f"{value:.3g}"
     if value >= 100:
         return f"{value:,.0f}"
     if value >= 0.1:
         return f"{value:.2f}"
     return f"{value:.2g}"
+
+
+SECONDS_PER_YEAR = 365.25 * 86400
 
 
 def plan_duration(seconds: float) -> str:
@@ -63,4 +71,19 @@ def plan_duration(seconds: float) -> str:
         return f"{seconds / 60:.1f} min"
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    if seconds < SECONDS_PER_YEAR:
+        return f"{seconds / 86400:.1f} d"
+    years = seconds / SECONDS_PER_YEAR
+    return f"{years:,.1f} years" if years < 1e6 else f"{years:.3g} years"
+
+
+def fits_nowhere_message(model_name: str, settings: Any, devices: Sequence[Any]) -> str:
+    """One sentence when a model fits no device: what it needs, the largest device, what to change.
+    `settings` is a MemorySettings, `devices` DeviceMemory records (advisor.memory)."""
+    biggest = max(devices, key=lambda d: d.capacity_bytes)
+    fix = "--precision amp-bf16, --checkpointing, or a smaller --batch-size"
+    if biggest.max_batch_size:
+        fix = f"--batch-size {biggest.max_batch_size} or less (on {biggest.gpu_id}), --checkpointing, or amp-bf16"
+    return (f"{model_name} does not fit on any of the {len(devices)} devices at batch {settings.batch_size} "
+            f"({settings.precision}, {settings.optimizer}): it needs {biggest.peak_bytes / 2**30:.1f} GiB, the "
+            f"largest ({biggest.gpu_id}) has {biggest.capacity_bytes / 2**30:.1f} GiB; try {fix}")

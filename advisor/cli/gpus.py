@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from advisor import units
+from advisor.cli.arguments import MAX_MEMORY_GB, bounded_float
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB
@@ -58,7 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         help="list the GPU database with peaks and prices",
         description="The GPU database: memory, bandwidth, peak throughput, cloud and purchase prices.",
     )
-    parser.add_argument("--min-memory-gb", type=float, metavar="X", help="only GPUs with at least X GB of memory")
+    parser.add_argument("--min-memory-gb", type=bounded_float(MAX_MEMORY_GB, allow_zero=True), metavar="X", help="only GPUs with at least X GB of memory")
     parser.add_argument("--provider", metavar="P", help="only GPUs rented by provider P, with P's prices")
     parser.add_argument("--sort", choices=sorted(SORT_KEYS), default="memory", help="sort key (default: memory)")
     parser.add_argument("--reverse", action="store_true", help="reverse the sort order")

@@ -6,14 +6,23 @@ Exit codes: 0 ok, 2 bad usage or bad input (one sentence on stderr), 1 internal 
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from advisor import __version__
 from advisor.cli import calibrate, estimate, gpus, memory, profile, report
 from advisor.errors import UserError
 from advisor.hardware.loader import load_hwdb
+from advisor.process import exit_now, report_exit, terminate_on_sigterm
+
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one sentence on stderr (exit 2) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra hardware/price YAML directory; its entries replace shipped ones with the same id "
         "(repeatable; also $GPU_ADVISOR_HWDB and ~/.config/gpu-advisor/hwdb)",
     )
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="advisor",
         description="Predict training time, memory and cost of a PyTorch model on every GPU.",
     )
@@ -41,28 +50,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "advisor") -> int:
+    """Parse and run one command; the exit code (0 ok, 2 bad input, 1 our bug, 130 Ctrl-C, 141 the
+    reader of stdout went away, 143 SIGTERM). Every outcome but a bug is one line on stderr."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         db = load_hwdb(args.hwdb)
         for override in db.overrides:
-            print(f"advisor: note: {override.message()}", file=sys.stderr)
+            print(f"{prog}: note: {override.message()}", file=sys.stderr)
         return args.run(args, db)
     except UserError as exc:
-        print(f"advisor: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BaseException as exc:  # noqa: BLE001 -- every other way out, each reported once
+        return report_exit(exc, prog)
 
 
-def console_main() -> int:
-    """The `advisor` command (and `python -m advisor`): main(), then the exit without the final
-    garbage collection. torch and its compiler stack leave about a million objects that the
-    interpreter would walk once more on exit (0.6 s on a 2-core VM, a tenth of a ResNet-50 estimate);
-    frozen, they are left to the OS, which frees the memory anyway. Files and streams still close."""
-    code = main()
-    gc.freeze()
-    return code
+def console_main() -> NoReturn:
+    """The `advisor` command (and `python -m advisor`): main(), then exit at once (advisor.process.exit_now):
+    threads the model file started do not keep the process alive, and torch's million objects are
+    left to the OS instead of being walked and finalised once more (0.6 s on a 2-core VM; on
+    torch 2.15 that finalisation also prints nanobind's leak reports)."""
+    terminate_on_sigterm()
+    exit_now(main())
 
 
 if __name__ == "__main__":
-    raise SystemExit(console_main())
+    console_main()

@@ -6,26 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 
+from typing import TYPE_CHECKING
+
 from advisor import units
-from advisor.cli.profile import add_model_arguments, non_negative_float, positive_int, progress
+from advisor.cli.arguments import add_memory_arguments, add_model_arguments, progress, unique
+from advisor.cli.format import fits_nowhere_message
 from advisor.cli.table import Column, render_table
+from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
-from advisor.memory.plan import MemoryPlan, MemorySettings, plan_memory
+from advisor.process import user_output_to_stderr
 from advisor.profile.model_file import load_model_file
-from advisor.profile.profiler import default_batch_size
 
-
-def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    """--gpu, --checkpointing, --micro-batch, --cuda-context-mib: shared by memory and estimate."""
-    parser.add_argument("--gpu", action="append", default=[], metavar="ID",
-                        help="a GPU id from `advisor gpus` (repeatable; default: every GPU)")
-    parser.add_argument("--checkpointing", action="store_true",
-                        help="activation (gradient) checkpointing of the model's repeated blocks")
-    parser.add_argument("--micro-batch", type=positive_int, metavar="N",
-                        help="samples per forward/backward; the batch is reached by gradient accumulation")
-    parser.add_argument("--cuda-context-mib", type=non_negative_float, metavar="MIB",
-                        help="CUDA context size instead of the database's (e.g. ~1300 for stacks without "
-                             "lazy loading, CUDA < 11.7)")
+if TYPE_CHECKING:
+    from advisor.memory.plan import MemoryPlan, MemorySettings
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -43,19 +36,26 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
 
 
 def settings_from_arguments(args: argparse.Namespace, batch_size: int) -> MemorySettings:
+    from advisor.memory.plan import MemorySettings
+
     context = None if args.cuda_context_mib is None else int(args.cuda_context_mib * units.MIB)
     return MemorySettings(batch_size, args.precision, args.optimizer, args.checkpointing, args.micro_batch, context)
 
 
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
-    gpus = [db.gpu(gpu_id) for gpu_id in args.gpu] or list(db.gpus)
-    model = load_model_file(args.model)
-    settings = settings_from_arguments(args, args.batch_size or default_batch_size(model))
-    plan = plan_memory(model, db, gpus, settings, progress=progress)
+    from advisor.memory.plan import plan_memory  # torch: only once a model is traced
+
+    gpus = [db.gpu(gpu_id) for gpu_id in unique(args.gpu)] or list(db.gpus)
+    with user_output_to_stderr():
+        model = load_model_file(args.model)
+        settings = settings_from_arguments(args, args.batch_size or model.default_batch_size)
+        plan = plan_memory(model, db, gpus, settings, progress=progress)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print(render_memory(plan, db))
+    if not any(result.fits for result in plan.results):
+        raise UserError(fits_nowhere_message(plan.model_name, plan.settings, plan.results))
     return 0
 
 

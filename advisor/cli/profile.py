@@ -7,59 +7,18 @@ import argparse
 import json
 import sys
 
+from typing import TYPE_CHECKING
+
+from advisor.cli.arguments import add_model_arguments, positive_int, progress
 from advisor.cli.format import count, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
-from advisor.profile.model_file import DEFAULT_EXAMPLE, builtin_examples, load_model_file
-from advisor.profile.profiler import DEFAULT_BATCH_SIZE, ModelProfile, profile_model
-from advisor.profile.trace import OPTIMIZERS, PRECISIONS
+from advisor.process import user_output_to_stderr
+from advisor.profile.model_file import load_model_file
 
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """MODEL, --batch-size, --precision, --optimizer: shared by profile, estimate and report."""
-    parser.add_argument(
-        "model", nargs="?", metavar="MODEL",
-        help=f"model file (.py with build_model() and example_input(batch_size)) or a built-in example: "
-             f"{', '.join(builtin_examples())} (default: {DEFAULT_EXAMPLE})",
-    )
-    parser.add_argument("--batch-size", type=positive_int, metavar="N",
-                        help=f"samples per step (default: the file's BATCH_SIZE, else {DEFAULT_BATCH_SIZE})")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast, fp32 master weights), "
-                             "bf16/fp16 (pure low precision); default fp32")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-
-
-def positive_float(text: str) -> float:
-    value = _number(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _number(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+if TYPE_CHECKING:
+    from advisor.profile.profiler import ModelProfile
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -78,19 +37,17 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.set_defaults(run=run)
 
 
-def progress(message: str) -> None:
-    """A progress line on stderr, only where a person watches (a terminal)."""
-    if sys.stderr.isatty():
-        print(f"advisor: {message}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
     if args.depth < 0:
         raise UserError(f"--depth must be 0 or more, got {args.depth}")
-    model = load_model_file(args.model)
-    progress(f"tracing a training step of {model.source} on fake tensors"
-             + ("" if args.no_fvcore else ", then fvcore's forward profile"))
-    profile = profile_model(model, args.batch_size, args.precision, args.optimizer, with_fvcore=not args.no_fvcore)
+    from advisor.profile.profiler import profile_model  # torch and fvcore: only once a model is profiled
+
+    with user_output_to_stderr():
+        model = load_model_file(args.model)
+        progress(f"tracing a training step of {model.source} on fake tensors"
+                 + ("" if args.no_fvcore else ", then fvcore's forward profile"))
+        profile = profile_model(model, args.batch_size, args.precision, args.optimizer,
+                                with_fvcore=not args.no_fvcore)
     if args.json:
         print(json.dumps(profile.to_dict(args.depth, args.top), indent=2))
     else:

@@ -6,13 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from advisor.cli.estimate import add_estimate_arguments, estimate_from_arguments, fits_nowhere_message
-from advisor.cli.profile import positive_float
+from advisor.cli.arguments import add_estimate_arguments, bounded_float
+from advisor.cli.estimate import estimate_from_arguments, fits_nowhere
 from advisor.errors import UserError
 from advisor.estimate.costs import SECONDS_PER_HOUR
 from advisor.hardware.specs import HardwareDB
-from advisor.report.content import build_report
-from advisor.report.render import report_format, write_report
+from advisor.limits import MAX_HOURS, MAX_USD
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -28,14 +27,17 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
                         help="plan.html (one self-contained file) or plan.md (charts in PATH-stem_charts/)")
     add_estimate_arguments(parser)
-    parser.add_argument("--budget-usd", type=positive_float, metavar="USD",
+    parser.add_argument("--budget-usd", type=bounded_float(MAX_USD), metavar="USD",
                         help="also recommend the fastest device whose job costs at most this")
-    parser.add_argument("--deadline-hours", type=positive_float, metavar="H",
+    parser.add_argument("--deadline-hours", type=bounded_float(MAX_HOURS), metavar="H",
                         help="also recommend the cheapest device that finishes the job within this")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
+    from advisor.report.content import build_report  # matplotlib and jinja2: only when a report is written
+    from advisor.report.render import report_format, write_report
+
     report_format(args.output)  # a bad file name is an error before seconds of tracing
     estimate = estimate_from_arguments(args, db)
     deadline = None if args.deadline_hours is None else args.deadline_hours * SECONDS_PER_HOUR
@@ -44,5 +46,5 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     print(f"advisor: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     print(args.output)
     if not estimate.fitting:  # the report says so too; scripts see it in the exit code, as with `estimate`
-        raise UserError(fits_nowhere_message(estimate))
+        raise UserError(fits_nowhere(estimate))
     return 0

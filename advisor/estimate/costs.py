@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from advisor.errors import UserError
 from advisor.hardware.specs import CloudOffer, GPUSpec
+from advisor.limits import MAX_EPOCHS, MAX_JOB_SAMPLES
 
 SECONDS_PER_HOUR = 3600.0
 DEFAULT_SAMPLES = 1_000_000
@@ -18,7 +20,8 @@ million samples, a round figure to compare devices by; the output says it is the
 
 @dataclass(frozen=True)
 class Job:
-    """How much training: `samples` x `epochs`, or a number of optimizer `steps`."""
+    """How much training: `samples` x `epochs`, or a number of optimizer `steps`. A job beyond
+    MAX_JOB_SAMPLES or MAX_EPOCHS is a typo, refused in one sentence (UserError)."""
 
     samples: int | None = None
     epochs: float | None = None
@@ -30,6 +33,11 @@ class Job:
         assert (self.steps is None) != (self.samples is None), "a job is samples x epochs or steps"
         assert self.steps is None or self.steps > 0
         assert self.samples is None or (self.samples > 0 and self.epochs is not None and self.epochs > 0)
+        for name, value, limit in (("samples", self.samples, MAX_JOB_SAMPLES), ("steps", self.steps, MAX_JOB_SAMPLES),
+                                   ("epochs", self.epochs, MAX_EPOCHS)):
+            if value is not None and not (math.isfinite(value) and value <= limit):
+                raise UserError(f"{name} must be at most {limit:.0e} (the job is {value:.3g} {name}): "
+                                "is it a typo?")
 
     @classmethod
     def over_samples(cls, samples: int | None, epochs: float, train_samples: int | None) -> Job:

@@ -16,6 +16,17 @@ from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace, trace_training_step
 
 
+def uneven_micro_batches(batch_size: int, micro_batch: int) -> str:
+    """The sentence for a batch that is not a whole number of micro-batches, with the nearest that are
+    (gradient accumulation runs batch / micro-batch equal micro-batches, as training loops do)."""
+    lower = batch_size // micro_batch * micro_batch
+    divisors = [d for d in range(micro_batch - 1, 0, -1) if batch_size % d == 0][:1] + \
+               [d for d in range(micro_batch + 1, batch_size + 1) if batch_size % d == 0][:1]
+    options = [f"--batch-size {lower}", f"--batch-size {lower + micro_batch}"] + [f"--micro-batch {d}" for d in divisors]
+    return (f"--batch-size {batch_size} is not a multiple of --micro-batch {micro_batch} (gradient accumulation runs "
+            f"equal micro-batches); try {', '.join(options[:-1])} or {options[-1]}")
+
+
 @dataclass(frozen=True)
 class MemorySettings:
     """How the step is run. `micro_batch` < `batch_size` means gradient accumulation over
@@ -33,6 +44,8 @@ class MemorySettings:
         if self.micro_batch is not None and self.micro_batch > self.batch_size:
             raise UserError(f"--micro-batch {self.micro_batch} is larger than the batch size {self.batch_size}; "
                             "a micro-batch is a part of the batch")
+        if self.micro_batch is not None and self.batch_size % self.micro_batch:
+            raise UserError(uneven_micro_batches(self.batch_size, self.micro_batch))
 
     @property
     def traced_batch(self) -> int:

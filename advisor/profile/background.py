@@ -10,8 +10,10 @@ None and traces in-process, where any error is raised with its traceback.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -53,7 +55,8 @@ class ForkedCall(Generic[T]):
         must `close()` it, as the context manager does on an error)."""
         context = multiprocessing.get_context("fork")
         self._receiver, sender = context.Pipe(duplex=False)
-        self._process = context.Process(target=_run_and_send, args=(work, sender), daemon=not may_fork_again)
+        self._process = context.Process(target=_run_and_send, args=(work, sender, os.getpid()),
+                                        daemon=not may_fork_again)
         self._process.start()
         sender.close()
 
@@ -86,9 +89,28 @@ class ForkedCall(Generic[T]):
             self.close()
 
 
-def _run_and_send(work: Callable[[], object], sender: Connection) -> None:
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when the thread that forked it ends (Linux)."""
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a forked child: be killed (SIGKILL) when the parent ends, however it ends (SIGTERM, SIGKILL,
+    a crash), so no trace child runs on alone. Linux only; elsewhere the parent's own cleanup
+    (the context manager, SIGTERM unwinding) is what stops it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: no prctl
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _run_and_send(work: Callable[[], object], sender: Connection, parent_pid: int) -> None:
     """In the child: send (True, value), or (False, None) when `work` raised. The parent then does the
     work itself and raises that error there, with its traceback, so nothing is lost by not sending it."""
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler unwinds the parent, not this child
     try:
         payload = (True, work())
     except BaseException:  # noqa: BLE001 -- reported as a failure; the parent re-runs and raises it

@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
+import keyword
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,11 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import UserError, closest_matches
+from advisor.limits import MAX_BATCH_SIZE, MAX_JOB_SAMPLES
 from advisor.paths import shipped_dir
 from advisor.profile.user_code import user_code
 
 DEFAULT_EXAMPLE = "resnet50"
 """The model `advisor estimate` and `advisor profile` use when none is given."""
+
+DEFAULT_BATCH_SIZE = 32
+"""Batch size when neither the command line nor the model file's optional BATCH_SIZE gives one."""
 
 
 def examples_dir() -> Path:
@@ -50,6 +56,11 @@ class ModelFile:
     """The file's optional BATCH_SIZE: the batch it is usually trained with."""
     train_samples: int | None = None
     """The file's optional TRAIN_SAMPLES: samples in one epoch of its usual dataset."""
+
+    @property
+    def default_batch_size(self) -> int:
+        """The file's BATCH_SIZE, else DEFAULT_BATCH_SIZE."""
+        return self.batch_size or DEFAULT_BATCH_SIZE
 
     @property
     def source(self) -> str:
@@ -83,19 +94,48 @@ def resolve_model_path(spec: str | None) -> tuple[Path, bool]:
     )
 
 
+def module_name_for(path: Path) -> str:
+    """The name the model file is imported under: its stem, as `import model` beside it would, when
+    that name is a free identifier (pickle, dataclasses and multiprocessing's spawn look the module up
+    by name); else a private name that cannot shadow an installed module."""
+    stem = path.stem
+    if stem.isidentifier() and not keyword.iskeyword(stem):
+        loaded = sys.modules.get(stem)
+        if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+            return stem
+        if loaded is None and not _importable_elsewhere(stem, path):
+            return stem
+    return f"advisor_user_model_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+
+
+def _importable_elsewhere(name: str, path: Path) -> bool:
+    """Whether `import name` would find a module other than `path` (stdlib, an installed package)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return True
+    return spec is not None and spec.origin != str(path)
+
+
 def _exec_module(path: Path, source: str) -> Any:
-    module_name = f"advisor_user_model_{abs(hash(str(path)))}"
+    module_name = module_name_for(path)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise UserError(f"{source}: cannot be imported as a Python file")
     module = importlib.util.module_from_spec(spec)
     if str(path.parent) not in sys.path:  # the file may import modules beside it, as `python model.py` can
         sys.path.append(str(path.parent))
-    with user_code("importing the file", source):
-        try:
-            spec.loader.exec_module(module)
-        except SyntaxError as exc:
-            raise UserError(f"{source}, line {exc.lineno}: syntax error: {exc.msg}") from exc
+    sys.modules[module_name] = module  # as import does: dataclasses, pickle and typing look it up there
+    try:
+        with user_code("importing the file", source):
+            try:
+                spec.loader.exec_module(module)
+            except SyntaxError as exc:
+                raise UserError(f"{source}, line {exc.lineno}: syntax error: {exc.msg}") from exc
+    except BaseException:
+        if sys.modules.get(module_name) is module:
+            del sys.modules[module_name]
+        raise
     return module
 
 
@@ -120,6 +160,15 @@ def _check_accepts(function: Callable[..., Any], count: int, name: str, source: 
         pass
 
 
+def _whole_number_in(value: Any, limit: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= limit
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def load_model_file(spec: str | None) -> ModelFile:
     """Import the model file (or example) `spec` and check it follows the contract."""
     path, builtin = resolve_model_path(spec)
@@ -135,14 +184,17 @@ def load_model_file(spec: str | None) -> ModelFile:
             raise UserError(f"{source}: loss_fn must be a function loss_fn(output, inputs)")
         _check_accepts(loss_fn, 2, "loss_fn", source)
     sample_unit = getattr(module, "SAMPLE_UNIT", "samples")
-    if not isinstance(sample_unit, str) or not sample_unit.strip():
-        raise UserError(f"{source}: SAMPLE_UNIT must be a non-empty string such as \"images\"")
+    if not isinstance(sample_unit, str) or not sample_unit.strip() or len(sample_unit) > 40 \
+            or not sample_unit.isprintable():
+        raise UserError(f"{source}: SAMPLE_UNIT must be a short printable word such as \"images\", "
+                        f"got {_short_repr(sample_unit)}")
     batch_size = getattr(module, "BATCH_SIZE", None)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise UserError(f"{source}: BATCH_SIZE must be a positive integer, got {batch_size!r}")
+    if batch_size is not None and not _whole_number_in(batch_size, MAX_BATCH_SIZE):
+        raise UserError(f"{source}: BATCH_SIZE must be a whole number from 1 to {MAX_BATCH_SIZE:,}, "
+                        f"got {_short_repr(batch_size)}")
     train_samples = getattr(module, "TRAIN_SAMPLES", None)
-    if train_samples is not None and (isinstance(train_samples, bool) or not isinstance(train_samples, int)
-                                      or train_samples < 1):
-        raise UserError(f"{source}: TRAIN_SAMPLES must be a positive integer, got {train_samples!r}")
+    if train_samples is not None and not _whole_number_in(train_samples, MAX_JOB_SAMPLES):
+        raise UserError(f"{source}: TRAIN_SAMPLES must be a whole number from 1 to {MAX_JOB_SAMPLES:.0e}, "
+                        f"got {_short_repr(train_samples)}")
     return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size,
                      train_samples)

@@ -10,11 +10,9 @@ from typing import Any
 
 from advisor.errors import UserError
 from advisor.profile.forward import ForwardProfile, forward_profile
-from advisor.profile.model_file import ModelFile
+from advisor.profile.model_file import DEFAULT_BATCH_SIZE, ModelFile
 from advisor.profile.trace import OUTSIDE_MODEL, PHASES, StepTrace, trace_training_step
 
-DEFAULT_BATCH_SIZE = 32
-"""Batch size when neither the command line nor the model file's optional BATCH_SIZE gives one."""
 
 
 @dataclass(frozen=True)
@@ -190,15 +188,11 @@ def _ancestors(module: str, max_depth: int) -> list[str]:
     return [""] + [".".join(parts[:i]) for i in range(1, min(len(parts), max_depth) + 1)]
 
 
-def default_batch_size(model: ModelFile) -> int:
-    return model.batch_size or DEFAULT_BATCH_SIZE
-
-
 def profile_model(model: ModelFile, batch_size: int | None = None, precision: str = "fp32",
                   optimizer: str = "adamw", with_fvcore: bool = True) -> ModelProfile:
     """Trace one training step of the model file and, unless `with_fvcore` is False, make
     fvcore's forward profile of the same batch."""
-    batch = batch_size if batch_size is not None else default_batch_size(model)
+    batch = batch_size if batch_size is not None else model.default_batch_size
     started = time.perf_counter()
     trace = trace_training_step(model.build_model, model.example_input, batch, precision, optimizer,
                                 model.loss_fn, model.source)

@@ -33,13 +33,12 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
+from advisor.profile.choices import OPTIMIZERS, PRECISIONS
 from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
-from advisor.profile.user_code import user_code
+from advisor.profile.user_code import TorchWouldRaise, user_code
 
-PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw") + (("adafactor",) if hasattr(torch.optim, "Adafactor") else ())
-"""Adafactor (torch >= 2.5) is the memory-light choice torch offers: factored second moments, no first."""
+assert ("adafactor" in OPTIMIZERS) == hasattr(torch.optim, "Adafactor"), "torch's metadata disagrees with torch"
 PHASES = ("forward", "backward", "optimizer")
 
 OUTSIDE_MODEL = {"loss": "(loss)", "optimizer": "(optimizer)"}
@@ -53,6 +52,10 @@ MAX_REAL_ELEMENTS = 1 << 24
 
 GRAD_SCALER_INIT_SCALE = 2.0**16
 """torch.amp.GradScaler's default initial scale (amp-fp16 runs scale the loss by it)."""
+
+SAME_DTYPE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot"})
+"""Ops whose tensor operands must share one dtype on a real device (autocast casts before they run);
+their fake kernels do not check it (`nn.Linear` on an int64 input would trace)."""
 
 SCALAR_ITEM = "_local_scalar_dense"
 """The aten op behind `.item()`."""
@@ -203,6 +206,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in SAME_DTYPE_OPS:
+            _check_same_dtype(func.overloadpacket.__name__, args)
         first_storage = self.memory.storage_count  # the memory tracker, below this mode, registers outputs
         try:
             out = func(*args, **kwargs)
@@ -278,6 +283,15 @@ class _Recorder(TorchDispatchMode):
             return fake
 
         return tree_map(to_fake, real_out)
+
+
+def _check_same_dtype(op: str, args: tuple) -> None:
+    """TorchWouldRaise when a matmul's tensor operands differ in dtype, as real kernels refuse them."""
+    dtypes = list(dict.fromkeys(a.dtype for a in args if isinstance(a, torch.Tensor) and a.dim() > 0))
+    if len(dtypes) > 1:
+        names = " and ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TorchWouldRaise(f"{op} of {names} tensors: torch requires one dtype for both operands "
+                              "(e.g. float inputs to a float layer; token ids go through an nn.Embedding)")
 
 
 def _stand_in_scalar(tensor: torch.Tensor) -> bool | int | float:

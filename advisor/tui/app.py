@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from textual.app import App
 from textual.widgets import Select
 
 from advisor.errors import UserError
+from advisor.process import REPORT_BUGS, exit_now, report_exit, terminate_on_sigterm
 from advisor.hardware.loader import load_hwdb
 from advisor.hardware.specs import HardwareDB
 from advisor.profile.background import ForkedCall
@@ -37,6 +39,8 @@ class AdvisorApp(App):
         self.db = db
         self.request = request or EstimateRequest()
         self.prefetched = prefetched
+        self.internal_errors: list[BaseException] = []
+        """Our bugs met in workers: shown in the app, their tracebacks printed on exit."""
 
     def on_mount(self) -> None:
         self.push_screen(EstimateScreen(self.db, self.request, self.prefetched))
@@ -87,6 +91,8 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the app; the exit code: 0, 2 for a bad argument, 1 when the app ended on our bug (its
+    traceback printed after the screen is restored)."""
     args = parse_arguments(argv)
     try:
         db = load_hwdb(args.hwdb)
@@ -99,14 +105,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     request = EstimateRequest(model=args.model)
     prefetched = prefetch_traces(request)  # before the app starts threads: it can fork
+    app = AdvisorApp(db, request, prefetched)
     try:
-        AdvisorApp(db, request, prefetched).run()
+        app.run()
     finally:
         if prefetched is not None:
             prefetched.close()
-    gc.freeze()  # exit without the final walk over torch's objects (see advisor.cli.main.console_main)
-    return 0
+    for error in app.internal_errors:  # shown in the app as they happened; the tracebacks for a report
+        traceback.print_exception(error)
+    if app.internal_errors:
+        print(f"gpu-advisor: internal error: {REPORT_BUGS}", file=sys.stderr)
+    return app.return_code or (1 if app.internal_errors else 0)
+
+
+def console_main() -> NoReturn:
+    """The `gpu-advisor` command: main(), then exit at once (threads a model file started do not keep
+    it alive; see advisor.process.exit_now). Ctrl-C before the app is up exits 130 in one line."""
+    terminate_on_sigterm()
+    try:
+        code = main()
+    except BaseException as exc:  # noqa: BLE001 -- reported once, as `advisor` does
+        code = report_exit(exc, "gpu-advisor")
+    exit_now(code)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console_main()

@@ -8,7 +8,7 @@ from functools import partial
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from advisor.cli.estimate import SORT_KEYS
-from advisor.profile.trace import PRECISIONS
+from advisor.profile.choices import PRECISIONS
 
 
 class AdvisorCommands(Provider):

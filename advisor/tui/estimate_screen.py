@@ -35,7 +35,7 @@ from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB
 from advisor.profile.background import ForkedCall
 from advisor.profile.model_file import builtin_examples
-from advisor.profile.trace import OPTIMIZERS, PRECISIONS
+from advisor.profile.choices import OPTIMIZERS, PRECISIONS
 from advisor.tui.chart import points_of, scatter
 from advisor.tui.detail import DeviceDetail
 from advisor.tui.request import EstimateRequest, TracePair, parse_number, run_request
@@ -166,7 +166,7 @@ class EstimateScreen(Screen):
             precision=str(self.query_one("#precision", Select).value),
             optimizer=str(self.query_one("#optimizer", Select).value),
             samples=parse_number(value("samples"), int, "samples"),
-            epochs=parse_number(value("epochs"), float, "epochs") or 1.0,
+            epochs=parse_number(value("epochs"), float, "epochs", default=1.0),
             budget_usd=parse_number(value("budget"), float, "budget"),
             deadline_hours=parse_number(value("deadline"), float, "deadline"),
             provider=None if provider is NO_SELECTION else str(provider),
@@ -219,6 +219,10 @@ class EstimateScreen(Screen):
             return run_request(request, self.db, progress, self._prefetched_traces(request, progress))
         except UserError as exc:
             return exc
+        except Exception as exc:  # noqa: BLE001 -- our bug: shown in the app, its traceback kept for the exit
+            self.app.internal_errors.append(exc)
+            return UserError(f"internal error ({type(exc).__name__}: {exc}); this is a bug in gpu-advisor: "
+                             "the traceback is printed when you quit; please report it")
 
     def _prefetched_traces(self, request: EstimateRequest, progress: Callable[[str], None]) -> TracePair | None:
         """The traces started before the app, when this is still the request they were made for."""

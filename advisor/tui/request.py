@@ -17,10 +17,10 @@ from advisor.estimate.costs import SECONDS_PER_HOUR, Job
 from advisor.estimate.plan import Estimate, EstimateSettings, estimate_model
 from advisor.estimate.targets import EstimateTarget, database_targets, local_targets
 from advisor.hardware.specs import HardwareDB
+from advisor.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_HOURS, MAX_JOB_SAMPLES, MAX_USD
 from advisor.memory.plan import MemorySettings, trace_both_batches
 from advisor.profile.background import ForkedCall, can_fork
 from advisor.profile.model_file import ModelFile, load_model_file
-from advisor.profile.profiler import default_batch_size
 from advisor.profile.trace import StepTrace, check_step_settings
 
 ALL_PROVIDERS = "all providers"
@@ -45,31 +45,39 @@ class EstimateRequest:
 
     def __post_init__(self) -> None:
         check_step_settings(self.precision, self.optimizer, self.batch_size)
-        if self.samples is not None and self.samples < 1:
-            raise UserError(f"samples must be at least 1, got {self.samples}")
-        for name, value in (("epochs", self.epochs), ("budget", self.budget_usd), ("deadline", self.deadline_hours)):
+        if self.batch_size is not None and self.batch_size > MAX_BATCH_SIZE:
+            raise UserError(f"batch size must be at most {MAX_BATCH_SIZE:,}, got {self.batch_size:.3g}")
+        if self.samples is not None and not 1 <= self.samples <= MAX_JOB_SAMPLES:
+            raise UserError(f"samples must be from 1 to {MAX_JOB_SAMPLES:.0e}, got {self.samples:.3g}")
+        for name, value, limit in (("epochs", self.epochs, MAX_EPOCHS), ("budget", self.budget_usd, MAX_USD),
+                                   ("deadline", self.deadline_hours, MAX_HOURS)):
             if value is not None and not (value > 0 and math.isfinite(value)):
-                raise UserError(f"{name} must be a positive number, got {value}")
+                raise UserError(f"{name} must be a positive number, got {value:g}")
+            if value is not None and value > limit:
+                raise UserError(f"{name} must be at most {limit:.0e}, got {value:.3g}")
 
     @property
     def deadline_s(self) -> float | None:
         return None if self.deadline_hours is None else self.deadline_hours * SECONDS_PER_HOUR
 
 
-def parse_number(text: str, kind: type, what: str) -> Any:
-    """The form field's text as an int or float; empty text is None (the default)."""
+def parse_number(text: str, kind: type, what: str, default: Any = None) -> Any:
+    """The form field's text as an int or float; empty text is `default`."""
     text = text.strip().replace(",", "").replace("_", "")
     if not text:
-        return None
+        return default
     try:
-        return kind(text)
-    except ValueError:
-        raise UserError(f"{what}: '{text}' is not a{'n integer' if kind is int else ' number'}") from None
+        value = kind(text)
+    except (ValueError, OverflowError):
+        raise UserError(f"{what}: '{text[:30]}' is not a{'n integer' if kind is int else ' number'}") from None
+    if kind is float and not math.isfinite(value):
+        raise UserError(f"{what}: '{text[:30]}' is not a finite number")
+    return value
 
 
 def settings_for(request: EstimateRequest, model: ModelFile) -> EstimateSettings:
     """The estimate's settings: the form's, with the model's default batch and job where left empty."""
-    batch = request.batch_size or default_batch_size(model)
+    batch = request.batch_size or model.default_batch_size
     job = Job.over_samples(request.samples, request.epochs, model.train_samples)
     return EstimateSettings(MemorySettings(batch, request.precision, request.optimizer), job, request.spot)
 

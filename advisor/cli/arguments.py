@@ -1,0 +1,138 @@
+"""Arguments shared by the commands and the parsers of their values, without importing torch
+(`advisor --help` and `advisor gpus` never import it).
+
+Numbers are checked where they are parsed, so a wrong one is refused before any trace runs: finite,
+in range, one sentence through argparse (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+
+from advisor.estimate.costs import DEFAULT_SAMPLES
+from advisor.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_JOB_SAMPLES
+from advisor.profile.choices import OPTIMIZERS, PRECISIONS
+from advisor.profile.model_file import DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLE, builtin_examples
+
+MAX_MEMORY_GB = 1e6
+MAX_CONTEXT_MIB = 2**20
+"""1 TiB of CUDA context: any larger figure is a typo."""
+
+
+def positive_int(text: str, limit: int | None = None) -> int:
+    """A whole number from 1 to `limit` (none when None)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if limit is not None and value > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit:,}, got {text if len(text) < 30 else text[:27] + '...'}")
+    return value
+
+
+def bounded_int(limit: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to `limit`."""
+    def parse(text: str) -> int:
+        return positive_int(text, limit)
+    parse.__name__ = "whole number"
+    return parse
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got '{text}'")
+    return value
+
+
+def positive_float(text: str, limit: float = math.inf) -> float:
+    """A finite number above 0 and at most `limit`."""
+    value = _number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit:,g}, got {text}")
+    return value
+
+
+def non_negative_float(text: str, limit: float = math.inf) -> float:
+    """A finite number from 0 to `limit`."""
+    value = _number(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit:,g}, got {text}")
+    return value
+
+
+def bounded_float(limit: float, allow_zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number above 0 (or from 0) up to `limit`."""
+    def parse(text: str) -> float:
+        return non_negative_float(text, limit) if allow_zero else positive_float(text, limit)
+    parse.__name__ = "number"
+    return parse
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr, only where a person watches (a terminal)."""
+    if sys.stderr.isatty():
+        print(f"advisor: {message}", file=sys.stderr, flush=True)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """MODEL, --batch-size, --precision, --optimizer: shared by profile, memory, estimate and report."""
+    parser.add_argument(
+        "model", nargs="?", metavar="MODEL",
+        help=f"model file (.py with build_model() and example_input(batch_size)) or a built-in example: "
+             f"{', '.join(builtin_examples())} (default: {DEFAULT_EXAMPLE})",
+    )
+    parser.add_argument("--batch-size", type=bounded_int(MAX_BATCH_SIZE), metavar="N",
+                        help=f"samples per step (default: the file's BATCH_SIZE, else {DEFAULT_BATCH_SIZE})")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast, fp32 master weights), "
+                             "bf16/fp16 (pure low precision); default fp32")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
+
+
+def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """--gpu, --checkpointing, --micro-batch, --cuda-context-mib: shared by memory and estimate."""
+    parser.add_argument("--gpu", action="append", default=[], metavar="ID",
+                        help="a GPU id from `advisor gpus` (repeatable; default: every GPU)")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="activation (gradient) checkpointing of the model's repeated blocks")
+    parser.add_argument("--micro-batch", type=bounded_int(MAX_BATCH_SIZE), metavar="N",
+                        help="samples per forward/backward; the batch is reached by gradient accumulation "
+                             "(the batch must be a multiple of it)")
+    parser.add_argument("--cuda-context-mib", type=bounded_float(MAX_CONTEXT_MIB, allow_zero=True), metavar="MIB",
+                        help="CUDA context size instead of the database's (e.g. ~1300 for stacks without "
+                             "lazy loading, CUDA < 11.7)")
+
+
+def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, training settings, targets and job: shared by `estimate` and `report`."""
+    add_model_arguments(parser)
+    add_memory_arguments(parser)
+    parser.add_argument("--local", action="store_true",
+                        help="add this machine's devices (local-cpu, local-cudaN), timed from the local calibration "
+                             "(a quick one is measured and cached when none is)")
+    job = parser.add_argument_group("job (default: the model file's TRAIN_SAMPLES, else "
+                                    f"{DEFAULT_SAMPLES:,} samples, x 1 epoch)")
+    job.add_argument("--samples", type=bounded_int(MAX_JOB_SAMPLES), metavar="N", help="samples in one epoch")
+    job.add_argument("--epochs", type=bounded_float(MAX_EPOCHS), metavar="E", help="passes over the samples (default 1)")
+    job.add_argument("--steps", type=bounded_int(MAX_JOB_SAMPLES), metavar="N",
+                     help="optimizer steps instead of samples x epochs")
+    parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
+    parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
+
+
+def unique(values: list[str]) -> list[str]:
+    """`values` without repeats, first occurrence kept (a GPU named twice is estimated once)."""
+    return list(dict.fromkeys(values))

@@ -1,0 +1,17 @@
+"""The largest settings the tool accepts: past them a figure is a typo, refused in one sentence
+before any work (every interface checks against these same limits)."""
+
+MAX_BATCH_SIZE = 2**20
+"""Largest batch (samples per step): far above any batch a GPU trains with (LLMs train with a few
+thousand sequences per step), small enough that every tensor size stays a 64-bit integer."""
+
+MAX_JOB_SAMPLES = 10**15
+"""Largest job in samples or steps: a quadrillion, past the largest training sets (about 10^14 tokens)."""
+
+MAX_EPOCHS = 10**6
+
+MAX_USD = 1e12
+"""Largest budget in USD."""
+
+MAX_HOURS = 1e7
+"""Largest deadline in hours (over a thousand years)."""
