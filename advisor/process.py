@@ -7,7 +7,11 @@ The model file is the user's code running inside our process: it may print, star
   descriptor 1 go to stderr, so stdout carries our data alone (`--json` always parses);
 - `terminate_on_sigterm()`: SIGTERM unwinds like Ctrl-C (children are killed on the way out);
 - `exit_now(code)`: flush our streams and leave at once: no wait for threads the model started, no
-  finalisation of torch's objects (whose leak reports would land on stderr), no atexit handlers.
+  finalisation of torch's objects (whose leak reports would land on stderr), no atexit handlers;
+- `report_exit(exc, prog)`: the exit code and the one line for whatever ended a command (Ctrl-C 130,
+  SIGTERM 143, a closed pipe 141, out of memory 2); our own bugs print their traceback and exit 1.
+
+Children forked for traces die with the process that forked them (advisor.profile.background).
 """
 
 from __future__ import annotations

@@ -146,6 +146,66 @@ def test_a_bad_setting_is_reported_and_nothing_runs() -> None:
     drive(scenario)
 
 
+@pytest.mark.parametrize("field, text, message", [
+    ("batch", "99999999999999999999999", "batch size must be at most 1,048,576"),
+    ("epochs", "0", "epochs must be a positive number, got 0"),  # not silently 1
+    ("epochs", "inf", "epochs: 'inf' is not a finite number"),
+    ("samples", "1" + "0" * 39, "samples must be from 1 to 1e+15"),
+])
+def test_absurd_settings_are_reported_and_the_app_lives(field: str, text: str, message: str) -> None:
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        before = screen.estimate
+        screen.query_one(f"#{field}", Input).value = text
+        await pilot.click(f"#{field}")
+        await pilot.press("enter")
+        await settled(pilot)
+        assert message in status_text(app)
+        assert screen.estimate is before and app.is_running
+
+    drive(scenario)
+
+
+EXITS_IN_BUILD = """
+import sys, torch
+def build_model():
+    sys.exit(0)
+def example_input(batch_size):
+    return torch.randn(batch_size, 8)
+"""
+
+
+def test_a_model_that_exits_is_an_error_in_the_app(tmp_path: Path) -> None:
+    (tmp_path / "exits.py").write_text(EXITS_IN_BUILD)
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        screen.query_one("#model", Input).value = str(tmp_path / "exits.py")
+        await pilot.click("#model")
+        await pilot.press("enter")
+        await settled(pilot)
+        assert "build_model() called sys.exit(0)" in status_text(app)
+        assert app.is_running
+
+    drive(scenario)
+
+
+def test_our_bug_in_a_worker_is_shown_and_the_exit_code_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug of ours")
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        monkeypatch.setattr("advisor.tui.estimate_screen.run_request", broken)
+        app.screen.query_one("#batch", Input).value = "7"
+        await pilot.click("#batch")
+        await pilot.press("enter")
+        await settled(pilot)
+        assert "internal error (ZeroDivisionError: a bug of ours)" in status_text(app)
+        assert app.is_running and len(app.internal_errors) == 1
+
+    drive(scenario)
+
+
 def test_sorting_by_key_and_by_column_header() -> None:
     async def scenario(app: AdvisorApp, pilot) -> None:
         screen = app.screen

@@ -17,7 +17,7 @@ from advisor.errors import UserError
 from advisor.estimate.plan import Estimate
 from advisor.hardware.specs import HardwareDB
 from advisor.report.content import build_report
-from advisor.report.render import check_folder, write_report
+from advisor.report.render import check_folder, write_atomically, write_report
 from advisor.tui.request import EstimateRequest
 
 SUFFIXES = {"export-html": ".html", "export-md": ".md", "export-json": ".json"}
@@ -27,7 +27,7 @@ def export(estimate: Estimate, db: HardwareDB, request: EstimateRequest, path: P
     """Write `estimate` to `path` by its suffix (.html, .md, .json); the files written."""
     if path.suffix == ".json":
         check_folder(path)
-        path.write_text(json.dumps(estimate.to_dict(), indent=2) + "\n")
+        write_atomically(path, json.dumps(estimate.to_dict(), indent=2) + "\n")
         return [path]
     report = build_report(estimate, db, request.budget_usd, request.deadline_s)
     return write_report(report, path)
