@@ -28,12 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from advisor.calibration.checked import (SHOWN_CHARS, Fields, MalformedProfile, as_float, describe, each, shown,
+                                         signed_number)
+
 CURVE_KINDS = ("saturating", "hierarchy")
 
 _PARAMETERS = {
     "saturating": ("e_max", "tau_half_s", "alpha"),
     "hierarchy": ("e_far", "e_near", "capacity_bytes", "sharpness", "tau_half_s"),
 }
+MAY_BE_ZERO = ("tau_half_s",)
+"""The one parameter that may be 0 (no per-call latency: a one-point fit); the others must be above 0."""
 
 
 @dataclass(frozen=True)
@@ -82,20 +87,31 @@ class Curve:
         return {"kind": self.kind, **dict(self.params)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Curve:
-        kind = data["kind"]
+    def from_dict(cls, data: object) -> Curve:
+        """A curve from its to_dict() form; MalformedProfile (a ValueError) names the wrong key."""
+        if not isinstance(data, dict):
+            raise MalformedProfile("", f"expected a mapping, got {describe(data)}")
+        kind = data.get("kind")
         if kind not in CURVE_KINDS:
-            raise ValueError(f"unknown curve kind {kind!r} (expected one of {', '.join(CURVE_KINDS)})")
+            raise MalformedProfile("kind", f"unknown curve kind {shown(kind)} "
+                                           f"(expected one of {', '.join(CURVE_KINDS)})")
         names = _PARAMETERS[kind]
-        unknown = sorted(set(data) - {"kind", *names})
+        unknown = [key for key in data if key not in ("kind", *names)]
         if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r} in a {kind} curve (expected {', '.join(names)})")
+            raise MalformedProfile(unknown[0][:SHOWN_CHARS], f"unknown key {shown(unknown[0])} in a {kind} curve "
+                                                             f"(expected {', '.join(names)})")
         missing = [name for name in names if name not in data]
         if missing:
-            raise ValueError(f"a {kind} curve needs {', '.join(missing)}")
-        values = [float(data[name]) for name in names]
-        if any(not math.isfinite(value) or value < 0 for value in values):
-            raise ValueError(f"{kind} curve parameters must be finite and not negative, got {values}")
+            raise MalformedProfile(missing[0], f"a {kind} curve needs {', '.join(missing)}")
+        values = []
+        for name in names:
+            value = as_float(data[name])
+            if value is None or not math.isfinite(value) or value < 0:
+                raise MalformedProfile(name, f"{kind} curve parameters must be finite and not negative, "
+                                             f"got {shown(data[name])}")
+            if value == 0 and name not in MAY_BE_ZERO:
+                raise MalformedProfile(name, f"must be above zero, got {data[name]}")
+            values.append(value)
         return cls(kind, tuple(zip(names, values)))
 
 
@@ -133,13 +149,14 @@ class Fit:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Fit:
-        return cls(
-            Curve.from_dict(data["curve"]),
-            tuple(float(r) for r in data["residuals"]),
-            float(data["rms_log_residual"]),
-            int(data["points"]),
-        )
+    def from_dict(cls, data: object) -> Fit:
+        """A fit from its to_dict() form; MalformedProfile (a ValueError) names the wrong key."""
+        entry = Fields(data, ("curve", "residuals", "rms_log_residual", "points"))
+        residuals = entry.read("residuals", lambda value: each(value, signed_number))
+        points = entry.integer("points")
+        if len(residuals) != points:
+            raise MalformedProfile("residuals", f"{len(residuals)} residuals for {points} points")
+        return cls(entry.read("curve", Curve.from_dict), residuals, entry.number("rms_log_residual"), points)
 
 
 def fit_curve(kind: str, work: Sequence[float], fraction: Sequence[float], peak: float,

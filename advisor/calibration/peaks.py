@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from advisor.calibration.checked import Fields, by_name, number
 from advisor.hardware.specs import GPUSpec
 from advisor.probe.cpu import CPUInfo
 
@@ -32,12 +33,13 @@ class DevicePeaks:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DevicePeaks:
-        bandwidth = data.get("bandwidth_bytes_per_s")
+    def from_dict(cls, data: object) -> DevicePeaks:
+        """Peaks from their to_dict() form; MalformedProfile (a ValueError) names the wrong key."""
+        entry = Fields(data, ("flops",), ("bandwidth_bytes_per_s", "notes"))
         return cls(
-            {str(k): float(v) for k, v in data["flops"].items()},
-            None if bandwidth is None else float(bandwidth),
-            tuple(str(n) for n in data.get("notes", ())),
+            entry.read("flops", lambda value: by_name(value, lambda peak: number(peak, positive=True), DTYPES)),
+            entry.optional("bandwidth_bytes_per_s", lambda value: number(value, positive=True), None),
+            entry.texts("notes"),
         )
 
 

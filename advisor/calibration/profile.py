@@ -11,11 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from advisor.calibration.checked import Fields, MalformedProfile, by_name, each, number, optional_text, shown
 from advisor.calibration.curves import Fit
 from advisor.calibration.peaks import DevicePeaks
 
 STATUSES = ("measured", "default")
 AXES = ("flops", "bytes")
+REQUIRED_SERIES = ("gemm/fp32", "copy/fp32")
+"""Every measured profile has these (the suite's first GEMM and copy sizes always run), and estimates
+fall back to them for ops and dtypes a profile lacks."""
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,20 @@ class Fingerprint:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Fingerprint:
-        names = {f.name for f in fields(cls)}
-        if set(data) != names:
-            raise ValueError(f"fingerprint keys {sorted(data)} are not {sorted(names)}")
-        return cls(**data)
+    def from_dict(cls, data: object) -> Fingerprint:
+        """A fingerprint from its to_dict() form: every field, each of its type."""
+        entry = Fields(data, [f.name for f in fields(cls)])
+        return cls(
+            device=entry.text("device"),
+            device_name=entry.text("device_name"),
+            cpu_model=entry.text("cpu_model"),
+            cpu_cores=entry.integer("cpu_cores", minimum=1),
+            torch_version=entry.text("torch_version"),
+            torch_threads=entry.integer("torch_threads", minimum=1),
+            cuda_version=entry.read("cuda_version", optional_text),
+            gpu_driver=entry.read("gpu_driver", optional_text),
+            suite_digest=entry.text("suite_digest"),
+        )
 
     def differences(self, other: Fingerprint) -> list[str]:
         """"torch_version: 2.13.0 -> 2.14.1" for every field that differs."""
@@ -72,9 +85,11 @@ class Measurement:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Measurement:
-        return cls(str(data["label"]), float(data["flops"]), int(data["bytes"]), float(data["seconds"]),
-                   int(data["samples"]), float(data["spread"]), float(data["fraction"]))
+    def from_dict(cls, data: object) -> Measurement:
+        entry = Fields(data, [f.name for f in fields(cls)])
+        return cls(entry.text("label"), entry.number("flops"), entry.integer("bytes"),
+                   entry.number("seconds", positive=True), entry.integer("samples", minimum=1),
+                   entry.number("spread"), entry.number("fraction"))
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,11 @@ class Skipped:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Skipped:
+        entry = Fields(data, ("label", "reason"))
+        return cls(entry.text("label"), entry.text("reason"))
 
 
 @dataclass(frozen=True)
@@ -138,18 +158,20 @@ class SeriesProfile:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SeriesProfile:
-        if data["axis"] not in AXES:
-            raise ValueError(f"series axis {data['axis']!r} is not one of {', '.join(AXES)}")
+    def from_dict(cls, data: object) -> SeriesProfile:
+        entry = Fields(data, ("op", "dtype", "axis", "peak", "fit"), ("measurements", "skipped", "sources"))
+        axis = entry.text("axis")
+        if axis not in AXES:
+            raise MalformedProfile("axis", f"{shown(axis)} is not one of {', '.join(AXES)}")
         return cls(
-            str(data["op"]),
-            str(data["dtype"]),
-            str(data["axis"]),
-            float(data["peak"]),
-            Fit.from_dict(data["fit"]),
-            tuple(Measurement.from_dict(m) for m in data.get("measurements", ())),
-            tuple(Skipped(str(s["label"]), str(s["reason"])) for s in data.get("skipped", ())),
-            tuple(str(s) for s in data.get("sources", ())),
+            entry.text("op"),
+            entry.text("dtype"),
+            axis,
+            entry.number("peak", positive=True),
+            entry.read("fit", Fit.from_dict),
+            entry.optional("measurements", lambda value: each(value, Measurement.from_dict), ()),
+            entry.optional("skipped", lambda value: each(value, Skipped.from_dict), ()),
+            entry.texts("sources"),
         )
 
 
@@ -218,24 +240,36 @@ class CalibrationProfile:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CalibrationProfile:
-        fingerprint = data.get("fingerprint")
-        duration = data.get("duration_s")
-        if data["status"] not in STATUSES:
-            raise ValueError(f"status {data['status']!r} is not one of {', '.join(STATUSES)}")
+    def from_dict(cls, data: object) -> CalibrationProfile:
+        """A profile from its to_dict() form, every value checked: MalformedProfile (a ValueError)
+        names the first wrong key (`series[3].fit.curve.e_max`)."""
+        entry = Fields(data, ("device", "device_name", "status", "mode", "created", "peaks",
+                              "sustained_bandwidth_bytes_per_s", "overheads_s", "series"),
+                       ("fingerprint", "duration_s", "software", "sources", "notes"))
+        status = entry.text("status")
+        if status not in STATUSES:
+            raise MalformedProfile("status", f"{shown(status)} is not one of {', '.join(STATUSES)}")
+        series = entry.read("series", lambda value: each(value, SeriesProfile.from_dict))
+        keys = [s.key for s in series]
+        for index, key in enumerate(keys):
+            if key in keys[:index]:
+                raise MalformedProfile(f"series[{index}]", f"a second {shown(key)} series")
+        for key in REQUIRED_SERIES:
+            if key not in keys:
+                raise MalformedProfile("series", f"no {key} series (estimates fall back to it)")
         return cls(
-            device=str(data["device"]),
-            device_name=str(data["device_name"]),
-            status=str(data["status"]),
-            mode=str(data["mode"]),
-            created=str(data["created"]),
-            peaks=DevicePeaks.from_dict(data["peaks"]),
-            sustained_bandwidth_bytes_per_s=float(data["sustained_bandwidth_bytes_per_s"]),
-            overheads_s={str(k): float(v) for k, v in data["overheads_s"].items()},
-            series=tuple(SeriesProfile.from_dict(s) for s in data["series"]),
-            fingerprint=Fingerprint.from_dict(fingerprint) if fingerprint else None,
-            duration_s=None if duration is None else float(duration),
-            software={str(k): (None if v is None else str(v)) for k, v in data.get("software", {}).items()},
-            sources=tuple(str(s) for s in data.get("sources", ())),
-            notes=tuple(str(n) for n in data.get("notes", ())),
+            device=entry.text("device"),
+            device_name=entry.text("device_name"),
+            status=status,
+            mode=entry.text("mode"),
+            created=entry.text("created"),
+            peaks=entry.read("peaks", DevicePeaks.from_dict),
+            sustained_bandwidth_bytes_per_s=entry.number("sustained_bandwidth_bytes_per_s", positive=True),
+            overheads_s=entry.read("overheads_s", lambda value: by_name(value, number)),
+            series=series,
+            fingerprint=entry.optional("fingerprint", Fingerprint.from_dict, None),
+            duration_s=entry.optional("duration_s", number, None),
+            software=entry.optional("software", lambda value: by_name(value, optional_text), {}),
+            sources=entry.texts("sources"),
+            notes=entry.texts("notes"),
         )

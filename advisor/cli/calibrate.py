@@ -8,8 +8,9 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
-from advisor.calibration.cache import load_profile, store_profile
+from advisor.calibration.cache import CacheError, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.reference import family_for, load_families
 from advisor.calibration.runner import Target, calibrate, cpu_target, cuda_target
@@ -90,8 +91,7 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
 def _show(target: Target, as_json: bool) -> int:
     cached = load_profile(target.device, target.fingerprint)
     if cached.profile is None:
-        raise UserError(f"no usable calibration of {target.device} in {cached.path} ({cached.problem}); "
-                        f"run `advisor calibrate --device {target.device}`")
+        raise UserError(cached.why_unusable(target.device))
     if as_json:
         print(json.dumps({"path": str(cached.path), **cached.profile.to_dict()}, indent=2))
     else:
@@ -101,24 +101,36 @@ def _show(target: Target, as_json: bool) -> int:
 
 def _measure(target: Target, suite: Suite, quick: bool, as_json: bool) -> int:
     previous = load_profile(target.device, target.fingerprint)
+    check_writable(target.device)  # a folder that cannot take the result fails now, not after minutes
     bar = ProgressBar(f"calibrating {target.device}{' (quick)' if quick else ''}")
     try:
         profile = calibrate(target, suite, quick, bar)
     except KeyboardInterrupt:
         bar.close()
-        kept = "left unchanged" if previous.path.exists() else "none was stored before"
+        kept = "left unchanged" if previous.problem != "none stored" else "none was stored before"
         print(f"advisor: calibration interrupted; nothing was stored ({previous.path}: {kept})", file=sys.stderr)
         return INTERRUPTED
     bar.close()
-    path = store_profile(profile)
+    try:
+        path = store_profile(profile)
+    except OSError as exc:  # the folder was writable a moment ago (a disk filling up): show what was measured
+        _print_profile(profile, None, as_json)
+        directory, reason = previous.path.parent, os_reason(exc)
+        raise CacheError(directory, reason, f"the calibration above was measured but cannot be stored in "
+                         f"{directory} ({reason}); free space there or set $GPU_ADVISOR_CACHE_DIR to a folder "
+                         "that can be written") from None
     if previous.problem not in (None, "none stored"):
         print(f"advisor: note: replaced the cached profile, which was {previous.problem}", file=sys.stderr)
     print(f"advisor: stored {path}", file=sys.stderr)
-    if as_json:
-        print(json.dumps({"path": str(path), **profile.to_dict()}, indent=2))
-    else:
-        print(render_calibration(profile, str(path)))
+    _print_profile(profile, path, as_json)
     return 0
+
+
+def _print_profile(profile: CalibrationProfile, path: Path | None, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"path": None if path is None else str(path), **profile.to_dict()}, indent=2))
+    else:
+        print(render_calibration(profile, None if path is None else str(path)))
 
 
 def _rate(value: float, axis: str) -> str:

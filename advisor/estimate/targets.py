@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from advisor.calibration.cache import load_profile, store_profile
+from advisor.calibration.cache import CacheError, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile
 from advisor.calibration.reference import Family, reference_profile
 from advisor.calibration.runner import Target as CalibrationTarget
@@ -54,15 +55,34 @@ def database_targets(db: HardwareDB, gpus: Sequence[GPUSpec], families: tuple[Fa
 
 def _local_profile(target: CalibrationTarget, suite: Suite, progress: Progress,
                    calibration_progress: CalibrationProgress | None) -> tuple[CalibrationProfile, str | None]:
-    """The cached calibration of a local device, or a quick one measured now (and cached)."""
+    """The cached calibration of a local device, or a quick one measured now and cached. A cache that
+    cannot be written (checked before measuring, and again by the write itself) costs the cache only:
+    the profile measured now is used for this run, with one warning through `progress`."""
     cached = load_profile(target.device, target.fingerprint)
     if cached.profile is not None:
         return cached.profile, None
     progress(f"no usable calibration of {target.device} ({cached.problem}): measuring a quick one "
              f"(`advisor calibrate --device {target.device}` runs the full suite)")
+    try:
+        check_writable(target.device)
+        unstored = None
+    except CacheError as exc:
+        unstored = exc.reason
+        progress(_not_stored_warning(target.device, exc.directory, exc.reason))
     profile = calibrate(target, suite, quick=True, progress=calibration_progress)
-    store_profile(profile)
-    return profile, f"quick calibration measured now ({cached.problem} before)"
+    if unstored is None:
+        try:
+            store_profile(profile)
+        except OSError as exc:
+            unstored = os_reason(exc)
+            progress(_not_stored_warning(target.device, cached.path.parent, unstored))
+    note = f"quick calibration measured now ({cached.problem} before)"
+    return profile, note if unstored is None else f"{note}; not stored ({unstored})"
+
+
+def _not_stored_warning(device: str, directory: Path, reason: str) -> str:
+    return (f"warning: cannot store calibrations in {directory} ({reason}): the quick calibration of {device} "
+            "measured now is used for this run only; set $GPU_ADVISOR_CACHE_DIR to a folder that can be written")
 
 
 def local_targets(db: HardwareDB, families: tuple[Family, ...], progress: Progress,
