@@ -9,16 +9,18 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from advisor.calibration.cache import CacheError, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
-from advisor.calibration.reference import family_for, load_families
-from advisor.calibration.runner import Target, calibrate, cpu_target, cuda_target
-from advisor.calibration.suite import Suite, load_suite
 from advisor.cli.format import duration, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
+
+if TYPE_CHECKING:  # torch: imported only when something is measured (`advisor --help` stays light)
+    from advisor.calibration.runner import Target
+    from advisor.calibration.suite import Suite
 
 INTERRUPTED = 130
 """Exit code after Ctrl-C, as shells report SIGINT."""
@@ -81,6 +83,9 @@ class ProgressBar:
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
     if args.references:
         return _references(db, args.json)
+    from advisor.calibration.runner import cpu_target, cuda_target
+    from advisor.calibration.suite import load_suite
+
     suite = load_suite()
     target = cpu_target(suite) if args.device == "cpu" else cuda_target(int(args.device.split(":")[1]), db, suite)
     if args.show:
@@ -102,6 +107,8 @@ def _show(target: Target, as_json: bool) -> int:
 def _measure(target: Target, suite: Suite, quick: bool, as_json: bool) -> int:
     previous = load_profile(target.device, target.fingerprint)
     check_writable(target.device)  # a folder that cannot take the result fails now, not after minutes
+    from advisor.calibration.runner import calibrate
+
     bar = ProgressBar(f"calibrating {target.device}{' (quick)' if quick else ''}")
     try:
         profile = calibrate(target, suite, quick, bar)
@@ -192,6 +199,8 @@ def render_calibration(profile: CalibrationProfile, path: str | None = None) -> 
 
 
 def _references(db: HardwareDB, as_json: bool) -> int:
+    from advisor.calibration.reference import family_for, load_families
+
     families = load_families(db)
     covered: dict[str, list[str]] = {family.id: [] for family in families}
     for gpu in db.gpus:
