@@ -329,6 +329,27 @@ def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Pa
     drive(scenario)
 
 
+def test_a_cache_that_cannot_be_written_is_said_before_measuring(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cache").write_text("a file where the cache folder belongs")
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+
+    def never(*args, **kwargs):
+        raise AssertionError("measured although the result could not be stored")
+
+    monkeypatch.setattr(machine_screen, "calibrate", never)
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        await pilot.press("m")
+        await pilot.pause()
+        await pilot.press("c")
+        await settled(pilot)
+        status = str(app.screen.query_one("#calibration-status", Static).render())
+        assert status.startswith("not stored: cannot store calibrations in") and app.is_running
+
+    drive(scenario)
+
+
 def test_database_screen_lists_gpus_and_cycles_sort() -> None:
     async def scenario(app: AdvisorApp, pilot) -> None:
         await pilot.press("g")

@@ -13,10 +13,11 @@ from textual.widgets import Button, DataTable, Footer, Header, ProgressBar, Stat
 from textual.worker import Worker, WorkerState
 
 from advisor import units
-from advisor.calibration.cache import load_profile, store_profile
+from advisor.calibration.cache import CacheError, cache_dir, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile
 from advisor.calibration.runner import Target, calibrate, cpu_target, cuda_target
 from advisor.calibration.suite import load_suite
+from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.probe.local import LocalMachine, probe_local
 
@@ -102,7 +103,13 @@ class MachineScreen(Screen):
         self.action_calibrate()
 
     @work(thread=True, exclusive=True, group="calibrate")
-    def _calibrate(self, target: Target) -> CalibrationProfile:
+    def _calibrate(self, target: Target) -> CalibrationProfile | UserError:
+        """Measure and store; a cache that cannot be written comes back as the result, found before
+        measuring where it can be."""
+        try:
+            check_writable(target.device)
+        except UserError as exc:
+            return exc
         bar = self.query_one("#calibration-progress", ProgressBar)
 
         def progress(done: int, total: int, label: str) -> None:
@@ -111,15 +118,21 @@ class MachineScreen(Screen):
                                       f"calibrating {target.device}: {label}")
 
         profile = calibrate(target, load_suite(), quick=True, progress=progress)
-        store_profile(profile)
+        try:
+            store_profile(profile)
+        except OSError as exc:  # writable a moment ago (a disk filling up)
+            return CacheError(cache_dir(), os_reason(exc))
         return profile
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.group != "calibrate" or event.state != WorkerState.SUCCESS:
             return
         profile = event.worker.result
-        assert isinstance(profile, CalibrationProfile)
         self.query_one("#calibrate", Button).disabled = False
+        if isinstance(profile, UserError):
+            self.query_one("#calibration-status", Static).update(Text(f"not stored: {profile}", style="bold red"))
+            return
+        assert isinstance(profile, CalibrationProfile)
         self.query_one("#calibration-status", Static).update(
             f"stored the calibration of {profile.device} ({profile.duration_s:.1f} s); estimates with "
             "'this machine' on use it")
