@@ -6,12 +6,14 @@
 2. Published GPU rows (../shared/validation/published-throughput.csv, single-GPU rows) whose model
    this repository builds (benchmarks/zoo.py and the examples), at the published batch size,
    precision and image size or sequence length, against the estimate for that database GPU.
+3. Real GPU runs: training steps measured on a GPU by benchmarks/gpu_groundtruth.py (one folder per GPU
+   and date under benchmarks/results/groundtruth/), against the estimate for that GPU recomputed now.
 
 The bare roofline times every op of the same trace at 75% of the device's peak FLOP/s for the op's
 dtype and 75% of its bandwidth (the sustained bandwidth on the CPU, which has no datasheet figure),
 max of the two, summed: no calibration, no size effects, no overheads.
 
-    python benchmarks/accuracy.py [--part cpu|published|all] [--out benchmarks/results/accuracy.txt]
+    python benchmarks/accuracy.py [--part cpu|published|gpu|all] [--out benchmarks/results/accuracy.txt]
         [--summary calibration/accuracy.yaml]
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import json
 import os
 import statistics
 import sys
@@ -335,12 +338,41 @@ def published_rows() -> tuple[list[Row], list[str]]:
     return rows, [f"{count:>3} x {why}" for why, count in sorted(skipped.items(), key=lambda item: -item[1])]
 
 
+# ----------------------------------------------------------------------------- 3. real GPU runs
+
+
+GROUNDTRUTH = REPO / "benchmarks" / "results" / "groundtruth"
+
+
+def gpu_rows() -> tuple[list[Row], list[str]]:
+    """Every real run's steps that ran (benchmarks/gpu_groundtruth.py's steps.csv), against the prediction
+    for that GPU with the shipped calibration, recomputed with this checkout's code; dry runs are left out."""
+    from gpu_groundtruth import predict_folder
+
+    rows, notes = [], []
+    for path in sorted(GROUNDTRUTH.glob("*/environment.json")):
+        environment = json.loads(path.read_text(encoding="utf-8"))
+        if environment.get("dry_run"):
+            continue
+        predicted = predict_folder(path.parent)
+        untraced = [p for p in predicted if p.get("predicted_step_s") is None]
+        notes.append(f"{path.parent.name}: {environment['gpu_name']}, driver {environment['driver']}, torch "
+                     f"{environment['torch']}: {len(predicted)} rows that ran, {len(untraced)} with no prediction")
+        for p in predicted:
+            if p.get("predicted_step_s") is None:
+                continue
+            label = f"{p['model']} b{p['batch']} {p['precision']} {p['layout']} on {environment['gpu_id']}"
+            rows.append(Row(label, p["model"], environment["gpu_id"], p["measured_step_s"] * 1e3,
+                            p["predicted_step_s"] * 1e3, p["bare_step_s"] * 1e3, "ms/step"))
+    return rows, notes
+
+
 # ----------------------------------------------------------------------------- report
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("cpu", "published", "all"), default="all")
+    parser.add_argument("--part", choices=("cpu", "published", "gpu", "all"), default="all")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     parser.add_argument("--summary", type=Path, help="also write the medians to this YAML file (the planning "
                         "report quotes calibration/accuracy.yaml)")
@@ -367,6 +399,16 @@ def main() -> int:
                   *grouped(rows, lambda r: r.device, "by GPU:"),
                   *grouped(rows, lambda r: r.label.split(":")[0], "by source:"),
                   "", f"skipped {sum(int(s.split(' x ')[0]) for s in skipped)} rows:", *(f"  {s}" for s in skipped)]
+    if args.part in ("gpu", "all"):
+        rows, notes = gpu_rows()
+        lines += ["", "3. Real GPU runs (benchmarks/results/groundtruth/, benchmarks/gpu_groundtruth.py)", *notes]
+        if rows:
+            lines += [*table(rows), "", *summary(rows, "real GPU runs, all"),
+                      *grouped(rows, lambda r: r.model, "by model:"), *grouped(rows, lambda r: r.device, "by GPU:")]
+            summaries["gpu"] = summary_figures(rows, "step time of real training steps on GPUs "
+                                               "(benchmarks/gpu_groundtruth.py) against the prediction for that GPU")
+        else:
+            lines.append("none measured yet: run benchmarks/gpu_groundtruth.py on a GPU (README.md, 'GPU ground truth')")
     lines.append(f"\n({time.perf_counter() - started:.0f} s)")
     text = "\n".join(lines)
     print(text)
