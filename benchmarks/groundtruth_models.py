@@ -306,6 +306,8 @@ ZOO_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("bert_large", "transformer", "benchmarks/zoo.py (seq 384, eager attention)",
               lambda dry: _example_config("bert_base", "tiny", eager_attention=True) if dry else ZOO["bert_large"](None),
               (8, 16), "adamw"),
+    ModelSpec("vit_l16", "transformer", "examples/vit_b16.py CONFIGS['l16']", _config_example("vit_b16", "l16"),
+              (16, 32), "adamw"),
     ModelSpec("llama_1b", "transformer", "examples/llama.py CONFIGS['1b'] (seq 2048)",
               _config_example("llama", "1b"), (2, 4), "adamw"),
     ModelSpec("hf_gpt2", "transformer", "transformers.GPT2LMHeadModel (GPT-2 small config, seq 1024)", _hf_gpt2,
@@ -313,7 +315,7 @@ ZOO_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("moe", "moe", "here: 4 layers, 8 experts top-2, width 512, seq 512", _moe, (16, 32), "adamw"),
     ModelSpec("lstm_lm", "rnn", "here: 2-layer LSTM 1024, vocabulary 32000, seq 256", _lstm, (32, 64), "adamw"),
 )
-"""Beyond the examples: CNNs, BERT-large, a 1B Llama, Hugging Face's GPT-2, an MoE and an LSTM."""
+"""Beyond the examples: CNNs, BERT-large, ViT-L/16, a 1B Llama, Hugging Face's GPT-2, an MoE and an LSTM."""
 
 
 def model_specs() -> list[ModelSpec]:
