@@ -77,6 +77,8 @@ def test_the_model_is_estimated_on_every_device_and_ranked_by_time() -> None:
 
 @pytest.mark.skipif(not can_fork(), reason="needs fork, two CPUs and no other thread")
 def test_traces_started_before_the_app_give_the_same_estimate() -> None:
+    if not can_fork():  # at run time: an earlier backward in this process forbids it on CUDA builds
+        pytest.skip("a backward ran in this process on a torch build with autograd device threads")
     request = EstimateRequest(model="mlp")
     prefetched = prefetch_traces(request)
     assert prefetched is not None

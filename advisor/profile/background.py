@@ -35,13 +35,29 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
+AUTOGRAD_HAS_DEVICE_THREADS = torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
+"""On a CUDA (or ROCm) build, autograd's first backward starts per-device threads, even with no GPU, and
+a child forked after that cannot run a backward ("Unable to handle autograd's threading in combination
+with fork-based multiprocessing"); CPU builds have no such threads."""
+
+_backward_ran = False
+
+
+def backward_runs_here() -> None:
+    """Called before this process runs a backward: from then on a forked child could not trace."""
+    global _backward_ran
+    _backward_ran = True
+
+
 def can_fork() -> bool:
     """Whether a forked child can work beside this process: fork exists, a second CPU is free for it,
     no other Python thread runs here (a fork copies only the calling thread; a lock held by another,
     e.g. a TUI worker's, would stay held in the child), CUDA is not initialised (CUDA does not
-    survive fork), and this process may have children (multiprocessing forbids daemonic ones)."""
+    survive fork), autograd has started no device threads here, and this process may have children
+    (multiprocessing forbids daemonic ones)."""
     return ("fork" in multiprocessing.get_all_start_methods() and usable_cpus() >= 2
             and threading.active_count() == 1 and not torch.cuda.is_initialized()
+            and not (_backward_ran and AUTOGRAD_HAS_DEVICE_THREADS)
             and not multiprocessing.current_process().daemon)  # daemonic processes may not have children
 
 

@@ -309,8 +309,11 @@ def sdpa_shape(args: tuple, named: dict, out: Any) -> GemmShape:
 
 @register(*_ops(*(f"{name}_backward" for name in SDPA_KERNELS)), matmul=True)
 def sdpa_backward_flops(args: tuple, named: dict, out: Any) -> float:
-    """Four matrix products (dV, dP, dQ, dK): twice the forward's two, as flop_counter counts."""
-    return 2.0 * sdpa_forward_flops(args, named, out)
+    """Five matrix products: the fused kernels keep no s x s scores, so the backward recomputes
+    S = Q K^T, then dV, dP, dQ and dK: 2.5 times the forward's two (torch's flop_counter counts the
+    same five since torch 2.15; FlashAttention-2, Dao 2023, Algorithm 2). Causal masks skip the same
+    share of every product."""
+    return 2.5 * sdpa_forward_flops(args, named, out)
 
 
 # ----------------------------------------------------------------------------- normalisation, softmax

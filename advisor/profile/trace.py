@@ -34,6 +34,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
 from advisor.profile.choices import OPTIMIZERS, PRECISIONS
+from advisor.profile.background import backward_runs_here
 from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.user_code import TorchWouldRaise, user_code
@@ -488,6 +489,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
             loss = _forward(model, inputs, setup)
             memory.start_phase("backward")
             recorder.phase, tracker.in_backward = "backward", True
+            backward_runs_here()  # a child forked from now on could not trace (background.can_fork)
             with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
                 (loss if scaler is None else scaler.scale(loss)).backward()
             memory.label([p.grad for p in params if p.grad is not None], "gradients")
