@@ -24,6 +24,7 @@ from advisor.cli.main import main
 from advisor.hardware.loader import load_hwdb
 from advisor.paths import shipped_dir
 from advisor.profile.costs import op_cost
+from tests.calibration_fakes import steady_cases, steady_cpu
 
 TINY_SUITE = """
 schema: 1
@@ -169,7 +170,10 @@ def test_tiny_calibration_fits_and_skips_what_is_too_slow(tiny_suite) -> None:
     copy = profile.get("copy", "fp32")
     assert copy.axis == "bytes" and len(copy.measurements) == 3 and copy.fit.points == 3
     gemm = profile.get("gemm", "fp32")
-    assert [m.label for m in gemm.measurements] == ["32x32x32", "64x64x64", "1024x1024x1024"]
+    labels = [m.label for m in gemm.measurements]
+    assert labels in (["32x32x32", "64x64x64", "1024x1024x1024"], ["32x32x32", "64x64x64"])
+    if len(labels) == 2:  # a loaded machine: 64^3 ran below 4.3 GFLOP/s, so 1024^3 was predicted over 0.5 s
+        assert gemm.skipped[0].label == "1024x1024x1024" and "limit 0.5 s" in gemm.skipped[0].reason
     for m in gemm.measurements:  # the fraction is of the roofline: min(peak, intensity x sustained bandwidth)
         roof = min(gemm.peak, m.flops / m.bytes * profile.sustained_bandwidth_bytes_per_s)
         assert m.fraction == pytest.approx(m.flops / m.seconds / roof)
@@ -250,7 +254,13 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 @pytest.fixture
 def cli_tiny_suite(tiny_suite, monkeypatch: pytest.MonkeyPatch):
+    """The tiny suite for `advisor calibrate`, on a steady model of this CPU (tests/calibration_fakes.py):
+    these tests are about the CLI and the cache, and a real run on a loaded VM may rightly be refused
+    by the quality gates."""
     monkeypatch.setattr("advisor.calibration.suite.load_suite", lambda: tiny_suite)  # calibrate imports it on use
+    steady_cases(monkeypatch)
+    real_target = runner_module.cpu_target
+    monkeypatch.setattr(runner_module, "cpu_target", lambda suite: steady_cpu(real_target(suite)))
     return tiny_suite
 
 
@@ -390,10 +400,14 @@ def _independent_seconds(call, repeats: int) -> float:
 
 @pytest.fixture(scope="module")
 def quick_cpu_profile(tmp_path_factory: pytest.TempPathFactory) -> CalibrationProfile:
+    """The runner's own quick profile, stored and read back, before the quality gates: what is checked
+    is the measurement (on a loaded VM the gates may rightly refuse a run; tests/test_calibration_quality.py
+    covers them)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        assert main(["calibrate", "--quick", "--device", "cpu"]) == 0
-        cached = load_profile("cpu", cpu_target(load_suite()).fingerprint)
+        suite = load_suite()
+        store_profile(calibrate(cpu_target(suite), suite, quick=True))
+        cached = load_profile("cpu", cpu_target(suite).fingerprint)
     assert cached.usable
     return cached.profile
 
