@@ -48,6 +48,7 @@ from advisor.cli import calibrate as calibrate_cli
 from advisor.cli.main import main
 from advisor.estimate import targets as targets_module
 from tests.attacks import REPO, Attack, check_attack
+from tests.calibration_fakes import steady_cases, steady_cpu
 from tests.test_calibration import TINY_SUITE
 
 FAST_SUITE = TINY_SUITE.replace(", [1024, 1024, 1024]", "").replace("[fp32, fp16]", "[fp32]")
@@ -281,6 +282,12 @@ def fast_suite(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     path.write_text(FAST_SUITE)
     suite = load_suite(path)
     replace_everywhere(monkeypatch, "load_suite", lambda: suite, suite_module, calibrate_cli, targets_module)
+    # a steady model of this CPU (tests/calibration_fakes.py): a real run on a loaded VM may rightly be
+    # refused by the quality gates, and these tests are about the cache
+    steady_cases(monkeypatch)
+    real_target = runner_module.cpu_target
+    replace_everywhere(monkeypatch, "cpu_target", lambda suite: steady_cpu(real_target(suite)), runner_module,
+                       targets_module, sys.modules[__name__])
     return suite
 
 

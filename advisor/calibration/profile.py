@@ -176,6 +176,48 @@ class SeriesProfile:
 
 
 @dataclass(frozen=True)
+class Conditions:
+    """What the machine was doing while a profile was measured, and what its quality gates need.
+
+    Profiles stored before the gates existed have none (`CalibrationProfile.conditions` is None): they
+    load, and are assessed when used, from their measurements alone."""
+
+    load_before: tuple[float, float, float] | None
+    """os.getloadavg() (1, 5 and 15 minutes) just before the first case; None where the OS has none."""
+    load_after: tuple[float, float, float] | None
+    """os.getloadavg() just after the last case."""
+    logical_cpus: int
+    """os.cpu_count(): a load average above it means runnable processes waited for a CPU."""
+    cache_bytes: float | None
+    """Last-level cache (CPU) or L2 (GPU) the runner assumed: points within it may exceed DRAM bandwidth."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"load_before": None if self.load_before is None else list(self.load_before),
+                "load_after": None if self.load_after is None else list(self.load_after),
+                "logical_cpus": self.logical_cpus, "cache_bytes": self.cache_bytes}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Conditions:
+        entry = Fields(data, ("logical_cpus",), ("load_before", "load_after", "cache_bytes"))
+        return cls(entry.optional("load_before", _load, None), entry.optional("load_after", _load, None),
+                   entry.integer("logical_cpus", minimum=1),
+                   entry.optional("cache_bytes", lambda value: number(value, positive=True), None))
+
+    @property
+    def max_load(self) -> float | None:
+        """The higher 1-minute load average of before and after."""
+        loads = [load[0] for load in (self.load_before, self.load_after) if load is not None]
+        return max(loads) if loads else None
+
+
+def _load(value: object) -> tuple[float, float, float]:
+    values = each(value, number)
+    if len(values) != 3:
+        raise MalformedProfile("", f"expected 3 load averages (1, 5, 15 minutes), got {len(values)}")
+    return (values[0], values[1], values[2])
+
+
+@dataclass(frozen=True)
 class CalibrationProfile:
     """Efficiencies of one device (or one GPU family, for a reference profile)."""
 
@@ -200,6 +242,9 @@ class CalibrationProfile:
     """torch, CUDA, driver, python versions of a measured profile."""
     sources: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    conditions: Conditions | None = None
+    """Load averages while measured and the cache size assumed; None in profiles stored before the
+    quality gates (advisor.calibration.quality) existed, and in reference profiles."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -237,6 +282,7 @@ class CalibrationProfile:
             "series": [s.to_dict() for s in self.series],
             "sources": list(self.sources),
             "notes": list(self.notes),
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
         }
 
     @classmethod
@@ -245,7 +291,7 @@ class CalibrationProfile:
         names the first wrong key (`series[3].fit.curve.e_max`)."""
         entry = Fields(data, ("device", "device_name", "status", "mode", "created", "peaks",
                               "sustained_bandwidth_bytes_per_s", "overheads_s", "series"),
-                       ("fingerprint", "duration_s", "software", "sources", "notes"))
+                       ("fingerprint", "duration_s", "software", "sources", "notes", "conditions"))
         status = entry.text("status")
         if status not in STATUSES:
             raise MalformedProfile("status", f"{shown(status)} is not one of {', '.join(STATUSES)}")
@@ -272,4 +318,5 @@ class CalibrationProfile:
             software=entry.optional("software", lambda value: by_name(value, optional_text), {}),
             sources=entry.texts("sources"),
             notes=entry.texts("notes"),
+            conditions=entry.optional("conditions", Conditions.from_dict, None),
         )

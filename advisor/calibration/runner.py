@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,8 @@ import torch
 
 from advisor.calibration.curves import fit_curve
 from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks
-from advisor.calibration.profile import CalibrationProfile, Fingerprint, Measurement, SeriesProfile, Skipped
+from advisor.calibration.profile import (CalibrationProfile, Conditions, Fingerprint, Measurement, SeriesProfile,
+                                         Skipped)
 from advisor.calibration.suite import COMPUTE_OPS, MEMORY_OPS, Case, Suite, case_cost
 from advisor.calibration.timing import Clock, CPUClock, CUDAClock, HostClock, Sample, measure
 from advisor.errors import UserError
@@ -179,9 +181,19 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
 def calibrate(target: Target, suite: Suite, quick: bool, progress: Progress | None = None) -> CalibrationProfile:
     """Measure `target` with the suite and fit its profile."""
     started = time.perf_counter()
+    load_before = load_average()
     results, skipped = run_suite(target, suite, quick, progress)
-    profile = build_profile(target, results, skipped, quick)
+    profile = build_profile(target, results, skipped, quick, (load_before, load_average()))
     return replace(profile, duration_s=round(time.perf_counter() - started, 2))
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """os.getloadavg() rounded to 0.01 (1, 5 and 15 minutes); None where the OS keeps none (Windows)."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+    return (round(one, 2), round(five, 2), round(fifteen, 2))
 
 
 def sustained_bandwidth(results: list[_Result]) -> float:
@@ -196,9 +208,10 @@ def sustained_bandwidth(results: list[_Result]) -> float:
     return best
 
 
-def build_profile(target: Target, results: list[_Result], skipped: list[tuple[Case, str]],
-                  quick: bool) -> CalibrationProfile:
-    """Fit every series and assemble the profile."""
+def build_profile(target: Target, results: list[_Result], skipped: list[tuple[Case, str]], quick: bool,
+                  loads: tuple[tuple[float, float, float] | None, tuple[float, float, float] | None] = (None, None),
+                  ) -> CalibrationProfile:
+    """Fit every series and assemble the profile; `loads`: the load averages before and after the run."""
     sustained = sustained_bandwidth(results)
     bandwidth_peak = target.peaks.bandwidth_bytes_per_s or sustained
     notes = list(target.peaks.notes)
@@ -229,6 +242,7 @@ def build_profile(target: Target, results: list[_Result], skipped: list[tuple[Ca
         fingerprint=target.fingerprint,
         software=target.software,
         notes=tuple(notes),
+        conditions=Conditions(loads[0], loads[1], os.cpu_count() or 1, target.cache_bytes),
     )
 
 

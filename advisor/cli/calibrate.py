@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from advisor.calibration.cache import CacheError, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
+from advisor.calibration.quality import ProfileQuality, assess, gate, refusal_message
 from advisor.cli.format import duration, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
@@ -97,10 +99,12 @@ def _show(target: Target, as_json: bool) -> int:
     cached = load_profile(target.device, target.fingerprint)
     if cached.profile is None:
         raise UserError(cached.why_unusable(target.device))
+    quality = assess(cached.profile, target.kind, target.cache_bytes)
     if as_json:
-        print(json.dumps({"path": str(cached.path), **cached.profile.to_dict()}, indent=2))
+        print(json.dumps({"path": str(cached.path), **cached.profile.to_dict(), "quality": quality.to_dict()},
+                         indent=2))
     else:
-        print(render_calibration(cached.profile, str(cached.path)))
+        print(render_calibration(cached.profile, str(cached.path), quality))
     return 0
 
 
@@ -118,10 +122,19 @@ def _measure(target: Target, suite: Suite, quick: bool, as_json: bool) -> int:
         print(f"advisor: calibration interrupted; nothing was stored ({previous.path}: {kept})", file=sys.stderr)
         return INTERRUPTED
     bar.close()
+    verdict = gate(profile, target.kind, target.cache_bytes)
+    if verdict.profile is None:
+        kept = (f"{previous.path} is left as it was" if previous.problem != "none stored"
+                else "nothing was stored before")
+        raise UserError(f"{refusal_message(verdict.quality, quick)} ({kept})")
+    profile, quality = verdict.profile, verdict.quality
+    for dropped in quality.dropped:
+        print(f"advisor: note: dropped {dropped.key} ({'; '.join(dropped.failures)}): estimates fall back for it",
+              file=sys.stderr)
     try:
         path = store_profile(profile)
     except OSError as exc:  # the folder was writable a moment ago (a disk filling up): show what was measured
-        _print_profile(profile, None, as_json)
+        _print_profile(profile, None, as_json, quality)
         directory, reason = previous.path.parent, os_reason(exc)
         raise CacheError(directory, reason, f"the calibration above was measured but cannot be stored in "
                          f"{directory} ({reason}); free space there or set $GPU_ADVISOR_CACHE_DIR to a folder "
@@ -129,15 +142,16 @@ def _measure(target: Target, suite: Suite, quick: bool, as_json: bool) -> int:
     if previous.problem not in (None, "none stored"):
         print(f"advisor: note: replaced the cached profile, which was {previous.problem}", file=sys.stderr)
     print(f"advisor: stored {path}", file=sys.stderr)
-    _print_profile(profile, path, as_json)
+    _print_profile(profile, path, as_json, quality)
     return 0
 
 
-def _print_profile(profile: CalibrationProfile, path: Path | None, as_json: bool) -> None:
+def _print_profile(profile: CalibrationProfile, path: Path | None, as_json: bool, quality: ProfileQuality) -> None:
     if as_json:
-        print(json.dumps({"path": None if path is None else str(path), **profile.to_dict()}, indent=2))
+        print(json.dumps({"path": None if path is None else str(path), **profile.to_dict(),
+                          "quality": quality.to_dict()}, indent=2))
     else:
-        print(render_calibration(profile, None if path is None else str(path)))
+        print(render_calibration(profile, None if path is None else str(path), quality))
 
 
 def _rate(value: float, axis: str) -> str:
@@ -152,8 +166,19 @@ def _fit_summary(series: SeriesProfile) -> str:
             f"{percent(curve.param('e_near'), 0)} within")
 
 
-def render_calibration(profile: CalibrationProfile, path: str | None = None) -> str:
-    """The profile as text: provenance, peaks, overheads and one row per series."""
+def _verdict(quality: ProfileQuality | None, key: str) -> str:
+    found = None if quality is None else next((s for s in quality.series if s.key == key), None)
+    if found is None:
+        return "-"
+    if found.passed:
+        return "pass"
+    return ("FAIL " if found.essential else "drop ") + ", ".join(f.split(":")[0] for f in found.failures)
+
+
+def render_calibration(profile: CalibrationProfile, path: str | None = None,
+                       quality: ProfileQuality | None = None) -> str:
+    """The profile as text: provenance, peaks, overheads, one row per series, and the quality gates'
+    verdict per series and overall."""
     lines = [f"Calibration of {profile.device}: {profile.device_name}"]
     if profile.is_default:
         lines.append("DOCUMENTED DEFAULT, not measured: " + "; ".join(profile.notes))
@@ -183,10 +208,12 @@ def render_calibration(profile: CalibrationProfile, path: str | None = None) -> 
             _fit_summary(series),
             percent(series.fit.rms_log_residual, 1) if series.fit.points else "-",
             str(len(series.skipped)) if series.skipped else "",
+            percent(statistics.median(m.spread for m in series.measurements), 0) if series.measurements else "-",
+            _verdict(quality, series.key),
         ])
     columns = [Column("op"), Column("dtype"), Column("points", True), Column("best achieved", True),
                Column("of peak", True), Column("fitted efficiency"), Column("rms err", True),
-               Column("skipped", True)]
+               Column("skipped", True), Column("spread", True), Column("quality")]
     lines += ["", render_table(columns, rows)]
     lines.append("")
     lines.append("compute ops: fractions of the dtype's peak FLOP/s (of intensity x sustained bandwidth where "
@@ -195,6 +222,11 @@ def render_calibration(profile: CalibrationProfile, path: str | None = None) -> 
     skipped = [f"  {s.key} {k.label}: {k.reason}" for s in profile.series for k in s.skipped]
     if skipped:
         lines += ["skipped:", *skipped]
+    if quality is not None:
+        lines.append(f"quality: {quality.summary()}")
+        lines += [f"  {s.key}: {failure}" for s in quality.series for failure in s.failures]
+        lines += [f"  warning: {warning}" for warning in quality.warnings]
+    lines += [f"  {note}" for note in profile.notes if note.startswith("dropped ")]
     return "\n".join(lines)
 
 

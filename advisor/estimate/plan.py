@@ -90,6 +90,7 @@ class DeviceEstimate:
             "calibration": self.target.calibration,
             "calibration_source": self.step.calibration_source,
             "calibration_note": self.target.note,
+            "calibration_quality": None if self.target.quality is None else self.target.quality.to_dict(),
             "cloud": [c.to_dict() | ({} if fits else {"cost_usd": None, "spot_cost_usd": None}) for c in self.cloud],
             "purchase_usd": None if gpu is None else gpu.purchase_usd,
             "ownership": None if self.owning is None or not fits else self.owning.to_dict(),

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from advisor.calibration.cache import CacheError, check_writable, load_profile, os_reason, store_profile
+from advisor.calibration.cache import CachedProfile, CacheError, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile
+from advisor.calibration.quality import GateResult, ProfileQuality, gate
 from advisor.calibration.reference import Family, reference_profile
 from advisor.calibration.runner import Target as CalibrationTarget
 from advisor.calibration.runner import calibrate, cpu_target, cuda_target
@@ -37,7 +38,10 @@ class EstimateTarget:
     """The database entry (a local GPU's matched entry), for prices and power."""
     local: bool = False
     note: str | None = None
-    """Why the calibration is what it is, for the output (e.g. "not calibrated: run ...")."""
+    """Why the calibration is what it is, for the output (e.g. "not calibrated: run ..."), and the
+    quality of a measured one (points, rms error, load while measured)."""
+    quality: ProfileQuality | None = None
+    """The quality gates' verdict on a local measured profile; None for a reference profile."""
 
     @property
     def calibration(self) -> str:
@@ -53,15 +57,43 @@ def database_targets(db: HardwareDB, gpus: Sequence[GPUSpec], families: tuple[Fa
     ]
 
 
-def _local_profile(target: CalibrationTarget, suite: Suite, progress: Progress,
-                   calibration_progress: CalibrationProgress | None) -> tuple[CalibrationProfile, str | None]:
-    """The cached calibration of a local device, or a quick one measured now and cached. A cache that
-    cannot be written (checked before measuring, and again by the write itself) costs the cache only:
-    the profile measured now is used for this run, with one warning through `progress`."""
+@dataclass(frozen=True)
+class LocalProfile:
+    """What a local device is estimated from: a profile that passed the quality gates (or a GPU family's
+    reference), the note for the output, and the verdict of the gates (None for a reference)."""
+
+    profile: CalibrationProfile | None
+    """None: no usable calibration (a fresh one was refused); the device is left out."""
+    note: str | None
+    quality: ProfileQuality | None = None
+
+
+def _stored(target: CalibrationTarget) -> tuple[CachedProfile, GateResult | None]:
+    """The cached profile of a local device and, when one loads, the quality gates' verdict on it
+    (profiles stored before the gates existed are assessed here too)."""
     cached = load_profile(target.device, target.fingerprint)
-    if cached.profile is not None:
-        return cached.profile, None
-    progress(f"no usable calibration of {target.device} ({cached.problem}): measuring a quick one "
+    return cached, None if cached.profile is None else gate(cached.profile, target.kind, target.cache_bytes)
+
+
+def _unusable(cached: CachedProfile, verdict: GateResult | None) -> str:
+    if verdict is not None:
+        return f"stored profile refused by the quality gates: {'; '.join(verdict.quality.refused_by)}"
+    assert cached.problem is not None
+    return cached.problem
+
+
+def _local_profile(target: CalibrationTarget, suite: Suite, progress: Progress,
+                   calibration_progress: CalibrationProgress | None) -> LocalProfile:
+    """The cached calibration of a local device if it passes the quality gates, or a quick one measured
+    now, gated, and cached. A cache that cannot be written (checked before measuring, and again by the
+    write itself) costs the cache only: the profile measured now is used for this run, with one warning
+    through `progress`. A quick profile the gates refuse is neither stored nor used: one warning, and
+    the device is left out (`LocalProfile.profile` None)."""
+    cached, verdict = _stored(target)
+    if verdict is not None and verdict.profile is not None:
+        return LocalProfile(verdict.profile, f"calibration quality: {verdict.quality.summary()}", verdict.quality)
+    problem = _unusable(cached, verdict)
+    progress(f"no usable calibration of {target.device} ({problem}): measuring a quick one "
              f"(`advisor calibrate --device {target.device}` runs the full suite)")
     try:
         check_writable(target.device)
@@ -69,15 +101,24 @@ def _local_profile(target: CalibrationTarget, suite: Suite, progress: Progress,
     except CacheError as exc:
         unstored = exc.reason
         progress(_not_stored_warning(target.device, exc.directory, exc.reason))
-    profile = calibrate(target, suite, quick=True, progress=calibration_progress)
+    fresh = gate(calibrate(target, suite, quick=True, progress=calibration_progress), target.kind,
+                 target.cache_bytes)
+    if fresh.profile is None:
+        progress(f"warning: the quick calibration of {target.device} measured now failed its quality gates "
+                 f"({'; '.join(fresh.quality.refused_by)}; {fresh.quality.load_text()}): it is not used and "
+                 f"{target.device} is left out; close other programs and run `advisor calibrate --device "
+                 f"{target.device}`")
+        return LocalProfile(None, f"left out: its calibration failed the quality gates ({problem} before)",
+                            fresh.quality)
     if unstored is None:
         try:
-            store_profile(profile)
+            store_profile(fresh.profile)
         except OSError as exc:
             unstored = os_reason(exc)
             progress(_not_stored_warning(target.device, cached.path.parent, unstored))
-    note = f"quick calibration measured now ({cached.problem} before)"
-    return profile, note if unstored is None else f"{note}; not stored ({unstored})"
+    note = f"quick calibration measured now ({problem} before); quality: {fresh.quality.summary()}"
+    return LocalProfile(fresh.profile, note if unstored is None else f"{note}; not stored ({unstored})",
+                        fresh.quality)
 
 
 def _not_stored_warning(device: str, directory: Path, reason: str) -> str:
@@ -92,35 +133,40 @@ def local_targets(db: HardwareDB, families: tuple[Family, ...], progress: Progre
 
     suite = load_suite()
     cpu = cpu_target(suite)
-    profile, note = _local_profile(cpu, suite, progress, calibration_progress)
+    local = _local_profile(cpu, suite, progress, calibration_progress)
     info = probe_cpu()
     memory = info.memory_total_bytes or 0
-    targets = [EstimateTarget("local-cpu", f"this CPU: {cpu.name}", DeviceModel("local-cpu", "cpu", profile),
-                              memory, CPU_MEMORY_OVERHEAD, None, True, note)]
+    targets = []
+    if local.profile is not None:
+        targets.append(EstimateTarget("local-cpu", f"this CPU: {cpu.name}",
+                                      DeviceModel("local-cpu", "cpu", local.profile), memory, CPU_MEMORY_OVERHEAD,
+                                      None, True, local.note, local.quality))
     if not torch.cuda.is_available():
         return targets
     for index in range(torch.cuda.device_count()):
         target = cuda_target(index, db, suite)
         spec = db.gpu(target.gpu_id) if target.gpu_id else None
-        profile, note = _local_gpu_profile(target, spec, families, suite, progress, calibration_progress)
+        local = _local_gpu_profile(target, spec, families, suite, progress, calibration_progress)
+        if local.profile is None:
+            continue
         local_id = f"local-cuda{index}"
         overhead = db.memory_overhead(spec) if spec else db.memory_overhead_default()
         properties = torch.cuda.get_device_properties(index)
         sm_count = spec.sm_count if spec else properties.multi_processor_count
-        targets.append(EstimateTarget(local_id, f"this GPU: {target.name}", DeviceModel(local_id, "gpu", profile, sm_count),
-                                      properties.total_memory, overhead, spec, True, note))
+        targets.append(EstimateTarget(local_id, f"this GPU: {target.name}", DeviceModel(local_id, "gpu", local.profile, sm_count),
+                                      properties.total_memory, overhead, spec, True, local.note, local.quality))
     return targets
 
 
 def _local_gpu_profile(target: CalibrationTarget, spec: GPUSpec | None, families: tuple[Family, ...], suite: Suite,
                        progress: Progress, calibration_progress: CalibrationProgress | None,
-                       ) -> tuple[CalibrationProfile, str | None]:
-    """A local GPU's cached calibration; else, for a database GPU, its family's reference (say so); else
-    a quick calibration measured now."""
+                       ) -> LocalProfile:
+    """A local GPU's cached calibration if it passes the quality gates; else, for a database GPU, its
+    family's reference (say so); else a quick calibration measured now (gated)."""
     if spec is None:
         return _local_profile(target, suite, progress, calibration_progress)
-    cached = load_profile(target.device, target.fingerprint)
-    if cached.profile is not None:
-        return cached.profile, None
-    return reference_profile(spec, families), (f"not calibrated ({cached.problem}): run `advisor calibrate "
-                                               f"--device {target.device}` to measure it")
+    cached, verdict = _stored(target)
+    if verdict is not None and verdict.profile is not None:
+        return LocalProfile(verdict.profile, f"calibration quality: {verdict.quality.summary()}", verdict.quality)
+    return LocalProfile(reference_profile(spec, families), f"not calibrated ({_unusable(cached, verdict)}): run "
+                        f"`advisor calibrate --device {target.device}` to measure it")
