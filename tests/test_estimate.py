@@ -26,6 +26,7 @@ from advisor.hardware.loader import load_hwdb
 from advisor.memory.plan import MemorySettings
 from advisor.profile.model_file import load_model_file
 from advisor.profile.trace import OpRecord
+from tests.calibration_fakes import steady_cases, steady_cpu
 from tests.test_calibration import TINY_SUITE
 
 FLAT = Fit(Curve.saturating(0.5, 1e-15), (), 0.0, 0)
@@ -341,6 +342,10 @@ def test_cli_local_cpu_calibrates_once_then_reuses(capsys, tmp_path: Path, monke
     suite_path = tmp_path / "suite.yaml"
     suite_path.write_text(TINY_SUITE)
     monkeypatch.setattr(targets_module, "load_suite", lambda: load_suite(suite_path))
+    # a steady model of this CPU: a real run on a loaded VM may rightly be refused by the quality gates
+    steady_cases(monkeypatch)
+    real_target = targets_module.cpu_target
+    monkeypatch.setattr(targets_module, "cpu_target", lambda suite: steady_cpu(real_target(suite)))
     code, out, err = run_cli(capsys, "estimate", "mlp", "--local", "--gpu", "t4", "--json")
     assert code == 0, err
     assert "no usable calibration of cpu (none stored): measuring a quick one" in err

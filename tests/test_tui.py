@@ -20,6 +20,7 @@ from advisor.tui.export_screen import ExportScreen
 from advisor.tui.help_screen import HelpScreen
 from advisor.tui.machine_screen import MachineScreen
 from advisor.tui.request import EstimateRequest, prefetch_traces
+from tests.calibration_fakes import steady_cases, steady_cpu, steady_seconds, with_clock
 from tests.test_calibration import TINY_SUITE
 
 DB = load_hwdb(include_user_layers=False)
@@ -312,6 +313,10 @@ def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Pa
     suite_file.write_text(TINY_SUITE)
     original = machine_screen.load_suite
     monkeypatch.setattr(machine_screen, "load_suite", lambda: original(suite_file))  # a real, tiny suite
+    # ... on a steady model of this CPU: a real run on a loaded VM may rightly be refused by the quality gates
+    steady_cases(monkeypatch)
+    real_target = machine_screen.cpu_target
+    monkeypatch.setattr(machine_screen, "cpu_target", lambda suite: steady_cpu(real_target(suite)))
 
     async def scenario(app: AdvisorApp, pilot) -> None:
         await pilot.press("m")
@@ -329,6 +334,32 @@ def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Pa
         assert isinstance(app.screen, EstimateScreen)
 
     drive(scenario)
+
+
+def test_a_calibration_the_quality_gates_refuse_is_not_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(TINY_SUITE)
+    original = machine_screen.load_suite
+    monkeypatch.setattr(machine_screen, "load_suite", lambda: original(suite_file))
+    steady_cases(monkeypatch)
+    real_target = machine_screen.cpu_target
+    # the busy VM: memory at 15.7 MB/s (below any memory system's 1 GB/s)
+    busy = steady_seconds({"fp32": 20e9}, 15.7e6)
+    monkeypatch.setattr(machine_screen, "cpu_target", lambda suite: with_clock(real_target(suite), busy))
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        await pilot.press("m")
+        await pilot.pause()
+        await pilot.press("c")
+        await settled(pilot)
+        status = str(app.screen.query_one("#calibration-status", Static).render())
+        assert status.startswith("not stored: the calibration of cpu failed its quality gates") and app.is_running
+        table = app.screen.query_one("#local-devices", DataTable)
+        assert table.get_row_at(0)[3].startswith("not calibrated (none stored)")
+
+    drive(scenario)
+    assert not (tmp_path / "cache" / "calibration" / "cpu.json").exists()
 
 
 def test_a_cache_that_cannot_be_written_is_said_before_measuring(tmp_path: Path,

@@ -224,9 +224,12 @@ def render_calibration(profile: CalibrationProfile, path: str | None = None,
         lines += ["skipped:", *skipped]
     if quality is not None:
         lines.append(f"quality: {quality.summary()}")
-        lines += [f"  {s.key}: {failure}" for s in quality.series for failure in s.failures]
+        lines += [f"  {s.key}: {failure}{'' if s.essential else ' (dropped)'}" for s in quality.series
+                  for failure in s.failures]
         lines += [f"  warning: {warning}" for warning in quality.warnings]
-    lines += [f"  {note}" for note in profile.notes if note.startswith("dropped ")]
+    failed = {s.key for s in quality.series if s.failures} if quality is not None else set()
+    lines += [f"  {note}" for note in profile.notes  # series dropped when this profile was stored
+              if note.startswith("dropped ") and note.split(" ", 2)[1] not in failed]
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from textual.worker import Worker, WorkerState
 from advisor import units
 from advisor.calibration.cache import CacheError, cache_dir, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile
+from advisor.calibration.quality import assess, gate, refusal_message
 from advisor.calibration.runner import Target, calibrate, cpu_target, cuda_target
 from advisor.calibration.suite import load_suite
 from advisor.errors import UserError
@@ -38,6 +39,9 @@ def calibration_status(target: Target) -> str:
     cached = load_profile(target.device, target.fingerprint)
     if cached.profile is None:
         return f"not calibrated ({cached.problem})"
+    quality = assess(cached.profile, target.kind, target.cache_bytes)
+    if not quality.accepted:
+        return f"refused by the quality gates ({'; '.join(quality.refused_by)})"
     return f"measured ({cached.profile.mode}, {cached.profile.created})"
 
 
@@ -117,7 +121,11 @@ class MachineScreen(Screen):
             self.app.call_from_thread(self.query_one("#calibration-status", Static).update,
                                       f"calibrating {target.device}: {label}")
 
-        profile = calibrate(target, load_suite(), quick=True, progress=progress)
+        verdict = gate(calibrate(target, load_suite(), quick=True, progress=progress), target.kind,
+                       target.cache_bytes)
+        if verdict.profile is None:
+            return UserError(refusal_message(verdict.quality, quick=True))
+        profile = verdict.profile
         try:
             store_profile(profile)
         except OSError as exc:  # writable a moment ago (a disk filling up)
