@@ -150,7 +150,8 @@ def test_a_noisy_series_fails_the_residual_gate_and_is_dropped_with_a_note(suite
     assert kept.get("add", "fp32") is None and kept.get("copy", "fp32") is not None
     assert any(note.startswith("dropped add/fp32 (residual: rms error") and note.endswith("estimates fall back for it")
                for note in kept.notes)
-    assert gate(kept, "cpu", CACHE).quality.accepted  # what is stored passes again when it is read
+    again = gate(kept, "cpu", CACHE).quality  # what is stored passes again when it is read, and says what went
+    assert again.accepted and again.dropped_before == ("add/fp32",) and "dropped add/fp32" in again.summary()
 
 
 def test_a_one_point_fit_fails_the_points_gate(suite: Suite) -> None:

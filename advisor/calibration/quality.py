@@ -64,6 +64,9 @@ MIN_RATE_KEPT = 0.4
 OVERHEAD_RANGE_S = (5e-8, 1e-3)
 """A torch op costs the host 1-10 us; 50 ns is below any dispatch, 1 ms is a descheduled process."""
 
+DROPPED = "dropped "
+"""How the note on a series the gates dropped begins: `dropped gemm/fp16 (reason): ...`."""
+
 _SQUARE = re.compile(r"(\d+)x\1x\1")
 
 
@@ -107,6 +110,8 @@ class ProfileQuality:
     load_after: float | None
     logical_cpus: int | None
     warnings: tuple[str, ...] = ()
+    dropped_before: tuple[str, ...] = ()
+    """Series the gates dropped when this profile was stored (from its notes): no longer in it."""
 
     @property
     def refused_by(self) -> tuple[str, ...]:
@@ -136,8 +141,9 @@ class ProfileQuality:
             spreads = [s.spread_median for s in fitted if s.spread_median is not None]
             if spreads:
                 parts.append(f"repeat spread {_pct(statistics.median(spreads))}")
-        if self.dropped:
-            parts.append(f"dropped {', '.join(s.key for s in self.dropped)}")
+        dropped = [*self.dropped_before, *(s.key for s in self.dropped)]
+        if dropped:
+            parts.append(f"dropped {', '.join(dropped)}")
         parts.append(self.load_text())
         if not self.accepted:
             parts.insert(0, "REFUSED: " + "; ".join(self.refused_by))
@@ -151,7 +157,8 @@ class ProfileQuality:
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "accepted": self.accepted, "refused_by": list(self.refused_by),
-                "dropped": [s.key for s in self.dropped], "global_failures": list(self.global_failures),
+                "dropped": [s.key for s in self.dropped], "dropped_before": list(self.dropped_before),
+                "global_failures": list(self.global_failures),
                 "load_before": self.load_before, "load_after": self.load_after, "logical_cpus": self.logical_cpus,
                 "warnings": list(self.warnings), "series": [s.to_dict() for s in self.series]}
 
@@ -187,8 +194,9 @@ def assess(profile: CalibrationProfile, kind: str, cache_bytes: float | None = N
                         "other programs competed for the cores")
     if not profile.peaks.flops:
         warnings.append("no theoretical peak FLOP/s known: compute rates were not checked against one")
+    dropped_before = tuple(note.split(" ", 2)[1] for note in profile.notes if note.startswith(DROPPED))
     return ProfileQuality(profile.device, tuple(series), _sustained_failures(profile, kind), load_before, load_after,
-                          cpus, tuple(warnings))
+                          cpus, tuple(warnings), dropped_before)
 
 
 def _sustained_failures(profile: CalibrationProfile, kind: str) -> tuple[str, ...]:
@@ -305,7 +313,7 @@ def gate(profile: CalibrationProfile, kind: str, cache_bytes: float | None = Non
     dropped = {s.key: s for s in quality.dropped}
     if not dropped:
         return GateResult(quality, profile)
-    notes = [f"dropped {key} ({'; '.join(s.failures)}): estimates fall back for it" for key, s in dropped.items()]
+    notes = [f"{DROPPED}{key} ({'; '.join(s.failures)}): estimates fall back for it" for key, s in dropped.items()]
     kept = replace(
         profile,
         series=tuple(s for s in profile.series if s.key not in dropped),
