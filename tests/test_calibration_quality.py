@@ -191,11 +191,12 @@ def test_cache_sized_points_may_beat_dram_bandwidth_dram_sized_ones_may_not(suit
                                                                                   else 20e9)})
     _, result = measure(suite, in_cache)
     assert failures(result, "add/fp32") == ()
-    # the same 60 GB/s at 128 MiB (3 x 128 MiB = 384 MiB moved, beyond 2 x the cache): 300% of sustained
+    # the same 60 GB/s at 128 MiB (beyond 2 x the cache the CPU reports): 300% of the sustained 20 GB/s,
+    # still accepted: with no peak bandwidth known, a CPU's points are held to the cache bound only (a VM
+    # reports less cache than its host has; at rest a 32 MiB copy ran at 169% of the largest one)
     beyond = with_overrides({"add/fp32": rate(60e9, "bytes")})
     _, result = measure(suite, beyond)
-    (failure,) = failures(result, "add/fp32")
-    assert failure.startswith("plausible: 128 MiB (beyond the cache) moved 60 GB/s, 300% of the sustained")
+    assert failures(result, "add/fp32") == ()
     # and 500 GB/s at 64 KiB is above what any cache serves (400 GB/s): copy is essential, refused
     _, result = measure(suite, with_overrides({"copy/fp32": lambda case: case_cost(case).bytes / (
         500e9 if case.size[0] == 65536 else 20e9)}))

@@ -11,11 +11,12 @@ again before it is used (older files, stored before the gates, included). Per se
   e^0.4 = 1.49x of its curve; healthy series fit within 0.02-0.2, the issue's broken ones 1.0-1.5).
 - `plausible`: no rate far above what the device can do: compute ops at most MAX_OF_PEAK of the
   dtype's theoretical FLOP/s; memory ops, points whose bytes are DRAM-sized (at least
-  DRAM_SIZED_OVER_CACHE x the last-level cache / L2) at most MAX_OF_PEAK of the peak bandwidth, or,
-  where none is known (CPUs), MAX_OF_SUSTAINED of the sustained bandwidth measured; cache-sized points
-  only against a cache bound (a CPU's L1 moves at most CPU_CACHE_BYTES_PER_FLOP bytes per fp32 peak
+  DRAM_SIZED_OVER_CACHE x the last-level cache / L2) at most MAX_OF_PEAK of the peak bandwidth where
+  one is known; every point against a cache bound (a CPU's L1 moves at most CPU_CACHE_BYTES_PER_FLOP bytes per fp32 peak
   FLOP; a GPU's L2 at most GPU_CACHE_OVER_DRAM x its DRAM bandwidth). Small arrays in cache beat DRAM
-  bandwidth legitimately; they do not beat the load/store units.
+  bandwidth legitimately; they do not beat the load/store units. A CPU's DRAM-sized points are not
+  held to the sustained bandwidth of the same run: a VM reports a smaller last-level cache than its
+  host has (at rest on this 2-core VM a 32 MiB copy ran at 169% of the largest one).
 - `monotone` (GEMM): the rate of a square GEMM never falls below MIN_RATE_KEPT of the best smaller
   square GEMM (BLAS keeps its rate as sizes grow; a steep fall is a measurement disturbed).
 
@@ -49,9 +50,6 @@ MAX_OF_PEAK = {"cpu": 1.5, "cuda": 1.2}
 """Achieved / theoretical peak allowed. GPU peaks are the datasheet's boost-clock figures (1.2 leaves
 noise room); a CPU's clock is what the OS reports, often the base clock, and all-core turbo runs up to
 about 1.4x it."""
-MAX_OF_SUSTAINED = 1.5
-"""A DRAM-sized memory op against the sustained bandwidth (a CPU, no theoretical figure): read-only
-kernels (reduction) legitimately beat copy's read+write by some, not by half."""
 DRAM_SIZED_OVER_CACHE = 2.0
 CPU_CACHE_BYTES_PER_FLOP = 4.0
 """L1 serves at most two vector loads and one store per cycle: 3 bytes per fp32 FLOP of FMA peak
@@ -262,8 +260,6 @@ def _implausible(series: SeriesProfile, profile: CalibrationProfile, kind: str,
                     f"(limit {_pct(limit)})"]
         return []
     dram_peak = profile.peaks.bandwidth_bytes_per_s
-    dram_ref, dram_limit, dram_name = ((dram_peak, limit, "peak") if dram_peak is not None else
-                                       (profile.sustained_bandwidth_bytes_per_s, MAX_OF_SUSTAINED, "sustained"))
     if kind == "cpu":
         fp32 = profile.peaks.flops.get("fp32")
         cache_bound = None if fp32 is None else CPU_CACHE_BYTES_PER_FLOP * fp32
@@ -273,9 +269,9 @@ def _implausible(series: SeriesProfile, profile: CalibrationProfile, kind: str,
     for m in series.measurements:
         rate = series.rate(m)
         dram_sized = cache_bytes is not None and m.bytes >= DRAM_SIZED_OVER_CACHE * cache_bytes
-        if dram_sized and rate > dram_limit * dram_ref:
-            failures.append(f"plausible: {m.label} (beyond the cache) moved {_gbs(rate)}, {_pct(rate / dram_ref)} "
-                            f"of the {dram_name} bandwidth {_gbs(dram_ref)} (limit {_pct(dram_limit)})")
+        if dram_sized and dram_peak is not None and rate > limit * dram_peak:
+            failures.append(f"plausible: {m.label} (beyond the cache) moved {_gbs(rate)}, {_pct(rate / dram_peak)} "
+                            f"of the peak bandwidth {_gbs(dram_peak)} (limit {_pct(limit)})")
         elif cache_bound is not None and rate > cache_bound:
             failures.append(f"plausible: {m.label} moved {_gbs(rate)}, above what the caches can serve "
                             f"({_gbs(cache_bound)})")
