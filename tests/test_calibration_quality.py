@@ -385,3 +385,20 @@ def test_estimate_local_states_the_quality_and_reassesses_stored_profiles(capsys
     row = _rows(data)["local-cpu"]
     assert "measuring" not in err and row["calibration_note"].startswith("calibration quality: 4 series passed")
     assert math.isclose(row["calibration_quality"]["series"][0]["spread_median"], 0.0)
+
+
+def test_one_slow_sample_does_not_skip_the_larger_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's skip rule predicts a call from the best rate so far of a compute series, not from the
+    last one: a 64^3 GEMM disturbed to 1 MFLOP/s (0.52 s for its 524,288 FLOPs) would predict 2 * 512^3 /
+    1e6 = 268 s for 512^3, far over the 0.5 s limit; at the 30 GFLOP/s of 32^3 it is 9 ms and runs."""
+    path = tmp_path / "suite.yaml"
+    path.write_text(QUALITY_SUITE.replace("[[64, 64, 64], [128, 128, 128]",
+                                          "[[32, 32, 32], [64, 64, 64], [128, 128, 128]"))
+    suite = load_suite(path)
+    steady_cases(monkeypatch)
+    disturbed = with_overrides({"gemm/fp32": lambda case: 2 * 64**3 / 1e6 if case.size[0] == 64 else STEADY(case)})
+    profile = calibrate(fake_cpu(suite, disturbed), suite, quick=True)
+    gemm = profile.get("gemm", "fp32")
+    assert [m.label for m in gemm.measurements] == ["32x32x32", "64x64x64", "128x128x128", "256x256x256",
+                                                    "512x512x512"]
+    assert gemm.skipped == ()

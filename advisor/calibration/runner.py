@@ -144,6 +144,15 @@ class _Result:
     sample: Sample
 
 
+def _rate_for_skipping(case: Case, measured: float, before: float | None) -> float:
+    """The rate that predicts the next, larger call of the series. Compute ops: the best so far (a
+    compute kernel runs at least as fast on a larger problem; one slow sample of a loaded machine must
+    not skip the large sizes, issue #20). Memory ops: the last (larger arrays leave the caches)."""
+    if case.op in COMPUTE_OPS and before is not None:
+        return max(measured, before)
+    return measured
+
+
 def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | None = None) -> tuple[
         list[_Result], list[tuple[Case, str]]]:
     """Time every case of the suite on `target`: results, and the cases skipped with the reason."""
@@ -172,7 +181,7 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
             sample = measure(call, clock, timing)
             del call
         results.append(_Result(case, cost.flops, cost.bytes, sample))
-        last_rate[case.series] = work / sample.seconds
+        last_rate[case.series] = _rate_for_skipping(case, work / sample.seconds, last_rate.get(case.series))
     if progress:
         progress(len(cases), len(cases), "fitting")
     return results, skipped
