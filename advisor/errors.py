@@ -12,6 +12,11 @@ class UserError(Exception):
     exit_code = 2
 
 
+def shorten(text: str, limit: int) -> str:
+    """`text` as a message may show it: at most `limit` characters, the cut marked with "..."."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def closest_matches(word: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
     """The candidates closest to `word`, best first (difflib ratio, case-insensitive)."""
     pool = {c.lower(): c for c in candidates}

@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from advisor.errors import shorten
+
 T = TypeVar("T")
 
 SHOWN_CHARS = 40
@@ -38,8 +40,7 @@ class MalformedProfile(ValueError):
 
 def shown(value: object) -> str:
     """repr() of `value`, cut to SHOWN_CHARS characters."""
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+    return shorten(repr(value), SHOWN_CHARS)
 
 
 def describe(value: object) -> str:

@@ -12,6 +12,7 @@ import math
 import sys
 from collections.abc import Callable
 
+from advisor.errors import shorten
 from advisor.estimate.costs import DEFAULT_SAMPLES
 from advisor.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_JOB_SAMPLES
 from advisor.profile.choices import OPTIMIZERS, PRECISIONS
@@ -31,7 +32,7 @@ def positive_int(text: str, limit: int | None = None) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     if limit is not None and value > limit:
-        raise argparse.ArgumentTypeError(f"must be at most {limit:,}, got {text if len(text) < 30 else text[:27] + '...'}")
+        raise argparse.ArgumentTypeError(f"must be at most {limit:,}, got {shorten(text, 30)}")
     return value
 
 

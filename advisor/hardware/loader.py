@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from advisor import units
-from advisor.errors import UserError, did_you_mean
+from advisor.errors import UserError, did_you_mean, shorten
 from advisor.hardware.specs import (
     PEAK_MODES,
     CloudOffer,
@@ -129,8 +129,7 @@ _REPR.maxstring = _REPR.maxother = _REPR.maxlong = SHOWN_CHARS
 
 def shown(value: Any) -> str:
     """`value` as an error message shows it: its repr cut to SHOWN_CHARS (never the whole of a huge value)."""
-    text = _REPR.repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+    return shorten(_REPR.repr(value), SHOWN_CHARS)
 
 
 def _is_plain(value: Any) -> bool:
@@ -352,9 +351,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     else:
         what, where = _one_line(exc), ""
-    what = " ".join(what.split())
-    if len(what) > 2 * SHOWN_CHARS:
-        what = what[: 2 * SHOWN_CHARS - 3] + "..."
+    what = shorten(" ".join(what.split()), 2 * SHOWN_CHARS)
     return f"{where}: {what}" if what else where
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from advisor.errors import UserError, closest_matches
+from advisor.errors import UserError, closest_matches, shorten
 from advisor.limits import MAX_BATCH_SIZE, MAX_JOB_SAMPLES
 from advisor.paths import shipped_dir
 from advisor.profile.user_code import user_code
@@ -165,8 +165,7 @@ def _whole_number_in(value: Any, limit: int) -> bool:
 
 
 def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shorten(repr(value), 40)
 
 
 def load_model_file(spec: str | None) -> ModelFile:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from advisor.errors import UserError
+from advisor.errors import UserError, shorten
 from advisor.paths import shipped_dir
 
 _ADVISOR_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
@@ -78,8 +78,7 @@ MESSAGE_CHARS = 300
 
 def first_line(message: str) -> str:
     """The first line of an exception's message, at most MESSAGE_CHARS long."""
-    line = message.strip().splitlines()[0] if message.strip() else ""
-    return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS - 3] + "..."
+    return shorten(message.strip().splitlines()[0] if message.strip() else "", MESSAGE_CHARS)
 
 
 class TorchWouldRaise(RuntimeError):
