@@ -24,7 +24,6 @@ from advisor.hardware.loader import load_hwdb
 from advisor.hardware.specs import Source
 from advisor.memory.plan import MemorySettings
 from advisor.profile.model_file import load_model_file
-from advisor.report import render
 from advisor.report.content import build_report
 from advisor.report.render import (
     TEMPORARY_SUFFIX,

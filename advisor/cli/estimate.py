@@ -10,9 +10,8 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from advisor import units
 from advisor.cli.arguments import add_estimate_arguments, progress, unique
-from advisor.cli.format import count, duration, fits_nowhere_message, money, plan_duration, si
+from advisor.cli.format import count, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.memory import settings_from_arguments
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
@@ -103,10 +102,6 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
 def fits_nowhere(estimate: Estimate) -> str:
     """One sentence: what the model needs, the largest device, and what to change."""
     return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results])
-
-
-def gib(nbytes: float) -> str:
-    return f"{nbytes / units.GIB:.1f}"
 
 
 def sort_results(estimate: Estimate, key: str) -> list[DeviceEstimate]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from advisor import units
+
 _PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
@@ -77,6 +79,11 @@ def plan_duration(seconds: float) -> str:
     return f"{years:,.1f} years" if years < 1e6 else f"{years:.3g} years"
 
 
+def gib(nbytes: float) -> str:
+    """Bytes as GiB (2^30) with one decimal: 12884901888 -> "12.0"."""
+    return f"{nbytes / units.GIB:.1f}"
+
+
 def fits_nowhere_message(model_name: str, settings: Any, devices: Sequence[Any]) -> str:
     """One sentence when a model fits no device: what it needs, the largest device, what to change.
     `settings` is a MemorySettings, `devices` DeviceMemory records (advisor.memory)."""
@@ -85,5 +92,5 @@ def fits_nowhere_message(model_name: str, settings: Any, devices: Sequence[Any])
     if biggest.max_batch_size:
         fix = f"--batch-size {biggest.max_batch_size} or less (on {biggest.gpu_id}), --checkpointing, or amp-bf16"
     return (f"{model_name} does not fit on any of the {len(devices)} devices at batch {settings.batch_size} "
-            f"({settings.precision}, {settings.optimizer}): it needs {biggest.peak_bytes / 2**30:.1f} GiB, the "
-            f"largest ({biggest.gpu_id}) has {biggest.capacity_bytes / 2**30:.1f} GiB; try {fix}")
+            f"({settings.precision}, {settings.optimizer}): it needs {gib(biggest.peak_bytes)} GiB, the "
+            f"largest ({biggest.gpu_id}) has {gib(biggest.capacity_bytes)} GiB; try {fix}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from advisor.errors import UserError
 from advisor.profile.forward import ForwardProfile, forward_profile
-from advisor.profile.model_file import DEFAULT_BATCH_SIZE, ModelFile
+from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import OUTSIDE_MODEL, PHASES, StepTrace, trace_training_step
 
 
