@@ -24,6 +24,8 @@ import traceback
 from collections.abc import Iterator
 from typing import NoReturn
 
+from advisor.errors import UserError
+
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
 
@@ -116,6 +118,9 @@ def report_exit(exc: BaseException, prog: str) -> int:
     """The exit code for an exception that left a command, after one line on stderr (or, for our own
     bugs, the traceback and where to report it). SystemExit (argparse's usage errors, --help) keeps
     its code."""
+    if isinstance(exc, UserError):
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     if isinstance(exc, KeyboardInterrupt):

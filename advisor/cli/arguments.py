@@ -40,7 +40,6 @@ def bounded_int(limit: int) -> Callable[[str], int]:
     """An argparse type: a whole number from 1 to `limit`."""
     def parse(text: str) -> int:
         return positive_int(text, limit)
-    parse.__name__ = "whole number"
     return parse
 
 
@@ -78,7 +77,6 @@ def bounded_float(limit: float, allow_zero: bool = False) -> Callable[[str], flo
     """An argparse type: a finite number above 0 (or from 0) up to `limit`."""
     def parse(text: str) -> float:
         return non_negative_float(text, limit) if allow_zero else positive_float(text, limit)
-    parse.__name__ = "number"
     return parse
 
 

@@ -12,7 +12,6 @@ from typing import NoReturn
 
 from advisor import __version__
 from advisor.cli import calibrate, estimate, gpus, memory, profile, report
-from advisor.errors import UserError
 from advisor.hardware.loader import load_hwdb
 from advisor.process import exit_now, report_exit, terminate_on_sigterm
 
@@ -50,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "advisor") -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Parse and run one command; the exit code (0 ok, 2 bad input, 1 our bug, 130 Ctrl-C, 141 the
     reader of stdout went away, 143 SIGTERM). Every outcome but a bug is one line on stderr."""
     parser = build_parser()
@@ -58,13 +57,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "advisor") -> int:
         args = parser.parse_args(argv)
         db = load_hwdb(args.hwdb)
         for override in db.overrides:
-            print(f"{prog}: note: {override.message()}", file=sys.stderr)
+            print(f"advisor: note: {override.message()}", file=sys.stderr)
         return args.run(args, db)
-    except UserError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except BaseException as exc:  # noqa: BLE001 -- every other way out, each reported once
-        return report_exit(exc, prog)
+    except BaseException as exc:  # noqa: BLE001 -- every way out, each reported once
+        return report_exit(exc, "advisor")
 
 
 def console_main() -> NoReturn:

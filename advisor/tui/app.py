@@ -101,8 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             resolve_model_path(args.model)
     except UserError as exc:
-        print(f"gpu-advisor: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report_exit(exc, "gpu-advisor")
     request = EstimateRequest(model=args.model)
     prefetched = prefetch_traces(request)  # before the app starts threads: it can fork
     app = AdvisorApp(db, request, prefetched)
