@@ -111,6 +111,7 @@ from groundtruth_models import (  # noqa: E402
     with_layout,
 )
 
+from advisor.atomic import write_atomically  # noqa: E402
 from advisor.calibration.cache import FORMAT, SCHEMA  # noqa: E402
 from advisor.calibration.peaks import gpu_peaks  # noqa: E402
 from advisor.calibration.profile import CalibrationProfile  # noqa: E402
@@ -281,25 +282,8 @@ def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: readers see the old or the new file."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(temporary, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def write_json(path: Path, document: Any) -> None:
-    write_atomic(path, json.dumps(document, indent=1) + "\n")
+    write_atomically(path, json.dumps(document, indent=1) + "\n")
 
 
 class CsvTable:
@@ -325,7 +309,7 @@ class CsvTable:
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         text = _csv_text(self.columns, rows, header=True)
-        write_atomic(self.path, text)
+        write_atomically(self.path, text)
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         new = not self.path.is_file()
@@ -1011,7 +995,7 @@ def part_tests(run: Run) -> bool:
     except subprocess.TimeoutExpired as exc:
         output, code = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after 480 s", -1
     seconds = time.perf_counter() - started
-    write_atomic(run.out / "tests.txt", f"$ {' '.join(command[1:])}\n\n{output}")
+    write_atomically(run.out / "tests.txt", f"$ {' '.join(command[1:])}\n\n{output}")
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", output)}
     note = ", ".join(f"{n} {word}" for word, n in counts.items()) or f"pytest exit code {code}"
     run.save_part("tests", status="done", seconds=seconds, exit_code=code, counts=counts, note=note,
@@ -1475,7 +1459,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.part != "report":
             run.save_command(args.part)
         text = report(run)
-        write_atomic(out / "report.txt", text + "\n")
+        write_atomically(out / "report.txt", text + "\n")
         run.export_files()
     print(text)
     left = [p for p in PARTS if run.part_state(p).get("status") != "done"]

@@ -439,10 +439,14 @@ def test_calibrate_shows_what_it_measured_when_the_final_write_fails(cache_dir: 
     store_profile(synthetic_profile(cpu_target(fast_suite).fingerprint))
     before = profile_path("cpu").read_bytes()
 
-    def full_disk(*args: Any, **kwargs: Any):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    real_replace = os.replace
 
-    monkeypatch.setattr(cache_module.json, "dump", full_disk)  # the check passes; the profile's write fails
+    def full_disk(source: str, destination: Any) -> None:  # the check passes; the profile's write fails
+        if str(destination).endswith("cpu.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(source, destination)
+
+    monkeypatch.setattr(cache_module.os, "replace", full_disk)
     assert main(["calibrate", "--quick", "--json"]) == 2
     out, err = capfd.readouterr()
     assert json.loads(out)["path"] is None and json.loads(out)["status"] == "measured"
@@ -547,9 +551,9 @@ def test_a_killed_writer_leaves_a_temporary_the_next_write_removes(cache_dir: Pa
 import json, os, sys
 from advisor.calibration import cache
 from advisor.calibration.profile import CalibrationProfile
-def dies(document, file, **kwargs):
-    file.write(json.dumps(document)[:100]); file.flush(); os._exit(9)
-cache.json.dump = dies
+def dies(descriptor):  # the profile is written, not yet synced nor renamed
+    os._exit(9)
+os.fsync = dies
 cache.store_profile(CalibrationProfile.from_dict(json.load(open(sys.argv[1]))))
 """
     result = subprocess.run([sys.executable, "-c", child, str(profile_file)], capture_output=True, text=True,
@@ -593,7 +597,7 @@ def test_ctrl_c_while_measuring_stores_nothing(cache_dir: Path, fast_suite: Suit
     assert list((cache_dir / "calibration").iterdir()) == []  # the write check's file is gone too
 
 
-@pytest.mark.parametrize("where", ["json.dump", "os.fsync", "os.replace"])
+@pytest.mark.parametrize("where", ["json.dumps", "os.open", "os.fsync", "os.chmod", "os.replace"])
 def test_ctrl_c_while_writing_keeps_the_old_profile(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                    where: str) -> None:
     path = store_profile(synthetic_profile())

@@ -233,10 +233,10 @@ def test_failed_write_leaves_the_old_profile_and_no_temporary(stored, monkeypatc
     profile, path = stored
     before = path.read_bytes()
 
-    def broken_dump(*args, **kwargs):
+    def broken_fsync(*args, **kwargs):  # the temporary is written, not yet synced nor renamed
         raise OSError("disk full")
 
-    monkeypatch.setattr(cache_module.json, "dump", broken_dump)
+    monkeypatch.setattr(cache_module.os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
         store_profile(dataclasses.replace(profile, mode="full"))
     assert path.read_bytes() == before

@@ -7,8 +7,9 @@ copied from another machine, one measured with another torch or suite) is report
 next calibration, never used.
 
 Writes go through a temporary file in the same folder, named `.<profile>.<pid>.<random>.tmp`, and a
-rename. A temporary whose writer was killed stays behind; it is recognised by its name and removed the
-next time the folder is read or written (`clean_stale_temporaries`).
+rename (advisor.atomic.write_atomically). A temporary whose writer was killed stays behind; it is
+recognised by its name and removed the next time the folder is read or written
+(`clean_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from advisor.atomic import write_atomically
 from advisor.calibration.checked import MalformedProfile
 from advisor.calibration.profile import CalibrationProfile, Fingerprint
 from advisor.errors import UserError
@@ -169,25 +171,16 @@ def check_writable(device: str) -> Path:
 
 
 def store_profile(profile: CalibrationProfile) -> Path:
-    """Write `profile` to its cache file atomically (a temporary file in the same folder, then a
-    rename): readers see the old file or the new one, never half of one. On any failure, Ctrl-C
-    included, the temporary is removed and the old file stays; OSError says why it failed."""
+    """Write `profile` to its cache file atomically (advisor.atomic: a temporary file in the same folder,
+    fsync, then a rename): readers see the old file or the new one, never half of one. On any failure,
+    Ctrl-C included, the temporary is removed and the old file stays; OSError says why it failed."""
     assert profile.status == "measured" and profile.fingerprint is not None
     path = profile_path(profile.device)
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temporaries(path.parent)
     body = profile.to_dict()
     document = {"format": FORMAT, "schema": SCHEMA, "sha256": _checksum(body), "profile": body}
-    handle, temporary = _temporary(path.parent, path.name)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(document, file, indent=1)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomically(path, json.dumps(document, indent=1))
     return path
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
-import stat
 import time
 import urllib.parse
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from advisor import atomic
 from advisor.errors import UserError
 from advisor.report.content import Report
 
@@ -173,31 +172,19 @@ def write_report(report: Report, path: Path) -> list[Path]:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` through a temporary file beside it and os.replace: readers see
-    the old file or the new one, never a part. A link is written through to its target; an existing
-    file keeps its permissions. On any failure the temporary is removed and the old file is untouched;
-    an OSError becomes one UserError sentence."""
+    """Write `text` (UTF-8) to `path` with advisor.atomic.write_atomically (a temporary file beside it,
+    fsync, os.replace): readers see the old file or the new one, never a part. A link is written through
+    to its target; an existing file keeps its permissions. Stale temporaries of a killed run are removed
+    first. On any failure the temporary is removed and the old file is untouched; an OSError becomes one
+    UserError sentence."""
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     remove_stale_temporaries(target)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
     existed = target.exists()
     try:
-        mode = stat.S_IMODE(target.stat().st_mode) if existed else None
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
-        with open(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException as exc:  # the temporary never outlives a failure, KeyboardInterrupt included
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        if isinstance(exc, OSError):
-            kept = "the previous file is unchanged" if existed else "the file was not created"
-            raise UserError(f"cannot write {path}: {exc.strerror or exc}; {kept}") from None
-        raise
+        atomic.write_atomically(path, text, suffix=TEMPORARY_SUFFIX)
+    except OSError as exc:
+        kept = "the previous file is unchanged" if existed else "the file was not created"
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}; {kept}") from None
 
 
 def remove_stale_temporaries(path: Path, now: float | None = None) -> list[Path]:
