@@ -5,7 +5,10 @@ sizes that are not in calibration/suite.yaml — with plain perf_counter medians
 (a) the profile's fitted curves: seconds = work / (reference x fitted efficiency), the reference being
 the dtype's peak (compute ops, capped by intensity x sustained bandwidth) or the bandwidth (memory
 ops); (b) a bare roofline: max(FLOPs / (75% of the theoretical peak), bytes / (75% of the sustained
-bandwidth)), no calibration. Prints per op and the median and mean absolute percentage errors.
+bandwidth)), no calibration. Prints per op and the median and mean absolute percentage errors, and the
+calibration's wall time beside a baseline measured in the same process: one traced ResNet-50 training
+step (batch 32, fp32, AdamW on fake tensors: the work of `advisor profile resnet50 --no-fvcore`, timed
+after one untimed trace so that first-call costs count for neither).
 
     python benchmarks/calibration_accuracy.py [--full] [--out benchmarks/results/calibration_accuracy.txt]
 """
@@ -67,9 +70,22 @@ def bare_seconds(profile: CalibrationProfile, case: Case, flops: float, nbytes: 
     return max(flops / (BARE_EFFICIENCY * peak), nbytes / (BARE_EFFICIENCY * profile.sustained_bandwidth_bytes_per_s))
 
 
+def traced_step_seconds() -> float:
+    """The baseline: seconds of one traced ResNet-50 training step in this process, after an untimed one."""
+    from advisor.profile.model_file import load_model_file
+    from advisor.profile.trace import trace_training_step
+
+    model = load_model_file("resnet50")
+    trace_training_step(model.build_model, model.example_input, 32, "fp32", "adamw", model.loss_fn)
+    started = time.perf_counter()
+    trace_training_step(model.build_model, model.example_input, 32, "fp32", "adamw", model.loss_fn)
+    return time.perf_counter() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="calibrate with the full suite (about 90 s)")
+    parser.add_argument("--full", action="store_true",
+                        help="calibrate with the full suite (more sizes, longer samples)")
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args()
     suite = load_suite()
@@ -77,11 +93,15 @@ def main() -> int:
     started = time.perf_counter()
     profile = calibrate(target, suite, quick=not args.full)
     calibration_s = time.perf_counter() - started
+    baseline_s = traced_step_seconds()
     timing = suite.timing_for("cpu", quick=False)
     lines = [
-        f"Calibration accuracy on held-out ops: {profile.device_name}, torch {torch.__version__}",
-        f"{'full' if args.full else 'quick'} calibration took {calibration_s:.1f} s; each held-out op timed with "
-        f"perf_counter, median of >= {timing.min_samples} samples over >= {timing.min_time_s} s",
+        f"Calibration accuracy on held-out ops, {time.strftime('%Y-%m-%d')}: {profile.device_name}, "
+        f"torch {torch.__version__}",
+        f"{'full' if args.full else 'quick'} calibration took {calibration_s:.1f} s, {calibration_s / baseline_s:.1f}x "
+        f"the baseline in this process: one traced ResNet-50 training step (batch 32, fp32, AdamW), {baseline_s:.2f} s",
+        f"each held-out op timed with perf_counter, median of >= {timing.min_samples} samples over >= "
+        f"{timing.min_time_s} s",
         "",
         f"{'op':15s} {'dtype':5s} {'shape':28s} {'measured':>10s} {'calibrated':>10s} {'error':>7s} "
         f"{'bare roof':>10s} {'error':>7s}",
