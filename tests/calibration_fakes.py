@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from advisor.calibration import runner as runner_module
+from advisor.calibration.contention import CPUSnapshot
 from advisor.calibration.peaks import DevicePeaks
 from advisor.calibration.runner import Target
 from advisor.calibration.suite import COMPUTE_OPS, Case, case_cost
@@ -33,7 +34,8 @@ class TaggedCall:
 
 
 def steady_cases(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cases build `TaggedCall`s (no tensors), and no device memory is asked for."""
+    """Cases build `TaggedCall`s (no tensors), no device memory is asked for, and /proc/stat reads as
+    absent (this VM's real neighbours must not decide a test): `busy_machine` simulates one."""
     real_build = Case.build  # meta tensors (the cost registry's) stay real: they cost nothing
 
     def build(self: Case, device: str):
@@ -41,17 +43,40 @@ def steady_cases(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(Case, "build", build)
     monkeypatch.setattr(runner_module, "_free_bytes", lambda target: None)
+    monkeypatch.setattr(runner_module, "cpu_snapshot", lambda: None)
 
 
 class ModelClock(Clock):
-    """Every call of a case takes `seconds(case)`; the samples of a case agree exactly (spread 0)."""
+    """Every call of a case takes `seconds(case)`; the samples of a case agree exactly (spread 0).
+    `elapsed`: the simulated seconds of every call timed so far (a busy_machine's wall clock)."""
 
     def __init__(self, seconds: Callable[[Case], float]) -> None:
         self.seconds = seconds
+        self.elapsed = 0.0
 
     def time_calls(self, call: TaggedCall, inner: int) -> float:  # type: ignore[override]
         assert isinstance(call, TaggedCall), "use steady_cases(monkeypatch) with a ModelClock"
-        return self.seconds(call.case) * inner
+        seconds = self.seconds(call.case) * inner
+        self.elapsed += seconds
+        return seconds
+
+
+def busy_machine(monkeypatch: pytest.MonkeyPatch, clock: ModelClock, others: Callable[[float], float],
+                 slowdown: float = 1.0) -> None:
+    """/proc/stat of a machine where other programs use `others(t)` CPUs at simulated second t of
+    `clock`, and every call of the clock runs `slowdown` times slower while they use any: a burst of
+    load (others non-zero for an interval) or a busy machine (always)."""
+    state = {"busy": 0.0, "last": 0.0}
+
+    def snapshot() -> CPUSnapshot:
+        now = clock.elapsed
+        state["busy"] += others(state["last"]) * (now - state["last"])  # the rate since the last snapshot
+        state["last"] = now
+        return CPUSnapshot(now, state["busy"], 0.0, 0.0)
+
+    steady = clock.seconds
+    clock.seconds = lambda case: steady(case) * (slowdown if others(clock.elapsed) > 0 else 1.0)
+    monkeypatch.setattr(runner_module, "cpu_snapshot", snapshot)
 
 
 def steady_seconds(flops_per_s: dict[str, float], bytes_per_s: float, latency_s: float = 5e-6,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from advisor.calibration.checked import Fields, MalformedProfile, by_name, each, number, optional_text, shown
+from advisor.calibration.checked import (Fields, MalformedProfile, by_name, each, integer, number, optional_text,
+                                         shown)
 from advisor.calibration.curves import Fit
 from advisor.calibration.peaks import DevicePeaks
 
@@ -93,6 +94,50 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Contention:
+    """What competed with a measurement (a series, or the whole run) for the device, issue #20.
+
+    CPU time is read from /proc/stat (all CPUs) less this process's own CPU time: what other programs
+    ran while we measured. A reference kernel (a fixed small GEMM) timed before each series tells a
+    host slowed down by what /proc/stat does not show (a neighbour VM, thermal or power limits)."""
+
+    seconds: float
+    """Wall time the figures cover."""
+    others_cores: float | None
+    """CPU time other programs used, over `seconds`: 1.0 is one CPU kept busy (None: not known, no
+    /proc/stat)."""
+    steal_cores: float | None
+    """CPU time the hypervisor gave other guests (steal), likewise."""
+    reference_slowdown: float | None = None
+    """The reference kernel's time before this series over its best time in the run (1.0: as fast as
+    the host ever was)."""
+    attempts: int = 1
+    """How many times the series was measured: a disturbed one is measured again later in the run."""
+
+    @property
+    def busy_cores(self) -> float | None:
+        """CPUs taken from us: other programs plus steal (None when neither is known)."""
+        if self.others_cores is None and self.steal_cores is None:
+            return None
+        return (self.others_cores or 0.0) + (self.steal_cores or 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Contention:
+        entry = Fields(data, ("seconds", "others_cores", "steal_cores"), ("reference_slowdown", "attempts"))
+        return cls(entry.number("seconds"), entry.read("others_cores", _optional_number),
+                   entry.read("steal_cores", _optional_number),
+                   entry.optional("reference_slowdown", _optional_number, None),
+                   entry.optional("attempts", lambda value: integer(value, minimum=1), 1))
+
+
+def _optional_number(value: object) -> float | None:
+    return None if value is None else number(value)
+
+
+@dataclass(frozen=True)
 class Skipped:
     label: str
     reason: str
@@ -121,6 +166,8 @@ class SeriesProfile:
     skipped: tuple[Skipped, ...] = ()
     sources: tuple[str, ...] = ()
     """For a documented default: where its figures come from (hwdb/sources.yaml ids)."""
+    contention: Contention | None = None
+    """What competed for the device while this series was measured (None: not recorded)."""
 
     def __post_init__(self) -> None:
         assert self.axis in AXES, self.axis
@@ -155,11 +202,13 @@ class SeriesProfile:
             "measurements": [m.to_dict() for m in self.measurements],
             "skipped": [s.to_dict() for s in self.skipped],
             "sources": list(self.sources),
+            "contention": None if self.contention is None else self.contention.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: object) -> SeriesProfile:
-        entry = Fields(data, ("op", "dtype", "axis", "peak", "fit"), ("measurements", "skipped", "sources"))
+        entry = Fields(data, ("op", "dtype", "axis", "peak", "fit"), ("measurements", "skipped", "sources",
+                                                                    "contention"))
         axis = entry.text("axis")
         if axis not in AXES:
             raise MalformedProfile("axis", f"{shown(axis)} is not one of {', '.join(AXES)}")
@@ -172,6 +221,7 @@ class SeriesProfile:
             entry.optional("measurements", lambda value: each(value, Measurement.from_dict), ()),
             entry.optional("skipped", lambda value: each(value, Skipped.from_dict), ()),
             entry.texts("sources"),
+            entry.optional("contention", Contention.from_dict, None),
         )
 
 
@@ -190,18 +240,22 @@ class Conditions:
     """os.cpu_count(): a load average above it means runnable processes waited for a CPU."""
     cache_bytes: float | None
     """Last-level cache (CPU) or L2 (GPU) the runner assumed: points within it may exceed DRAM bandwidth."""
+    contention: Contention | None = None
+    """Other programs and steal over the whole run (None: not recorded, an older profile)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"load_before": None if self.load_before is None else list(self.load_before),
                 "load_after": None if self.load_after is None else list(self.load_after),
-                "logical_cpus": self.logical_cpus, "cache_bytes": self.cache_bytes}
+                "logical_cpus": self.logical_cpus, "cache_bytes": self.cache_bytes,
+                "contention": None if self.contention is None else self.contention.to_dict()}
 
     @classmethod
     def from_dict(cls, data: object) -> Conditions:
-        entry = Fields(data, ("logical_cpus",), ("load_before", "load_after", "cache_bytes"))
+        entry = Fields(data, ("logical_cpus",), ("load_before", "load_after", "cache_bytes", "contention"))
         return cls(entry.optional("load_before", _load, None), entry.optional("load_after", _load, None),
                    entry.integer("logical_cpus", minimum=1),
-                   entry.optional("cache_bytes", lambda value: number(value, positive=True), None))
+                   entry.optional("cache_bytes", lambda value: number(value, positive=True), None),
+                   entry.optional("contention", Contention.from_dict, None))
 
     @property
     def max_load(self) -> float | None:

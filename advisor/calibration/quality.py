@@ -19,6 +19,9 @@ again before it is used (older files, stored before the gates, included). Per se
   host has (at rest on this 2-core VM a 32 MiB copy ran at 169% of the largest one).
 - `monotone` (GEMM): the rate of a square GEMM never falls below MIN_RATE_KEPT of the best smaller
   square GEMM (BLAS keeps its rate as sizes grow; a steep fall is a measurement disturbed).
+- `contention`: in every attempt the runner made (it measures a disturbed series again later in the
+  run, advisor.calibration.contention), other programs or steal took more CPU than torch's threads
+  leave free (plus a margin), or the reference kernel ran slow: a busy machine's timings.
 
 Globally: the sustained bandwidth at least MIN_SUSTAINED_OF_PEAK of the peak bandwidth (where known)
 and MIN_SUSTAINED_BYTES_PER_S absolute (any DRAM since DDR2 moves more), and the per-op overheads
@@ -38,7 +41,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from advisor.calibration.profile import REQUIRED_SERIES, CalibrationProfile, SeriesProfile
+from advisor.calibration.contention import allowed_busy_cores, disturbance
+from advisor.calibration.profile import REQUIRED_SERIES, CalibrationProfile, Contention, SeriesProfile
 
 ESSENTIAL_SERIES = REQUIRED_SERIES
 ESSENTIAL_OVERHEADS = ("dispatch",)
@@ -110,6 +114,8 @@ class ProfileQuality:
     warnings: tuple[str, ...] = ()
     dropped_before: tuple[str, ...] = ()
     """Series the gates dropped when this profile was stored (from its notes): no longer in it."""
+    contention: Contention | None = None
+    """Other programs and steal over the whole run (None: not recorded)."""
 
     @property
     def refused_by(self) -> tuple[str, ...]:
@@ -151,13 +157,19 @@ class ProfileQuality:
         if self.load_before is None and self.load_after is None:
             return "load while measured not recorded (profile from an older version)"
         cpus = f" on {self.logical_cpus} CPUs" if self.logical_cpus else ""
-        return f"load {_load(self.load_before)} before, {_load(self.load_after)} after{cpus}"
+        text = f"load {_load(self.load_before)} before, {_load(self.load_after)} after{cpus}"
+        if self.contention is not None and self.contention.others_cores is not None:
+            text += f"; other programs used {self.contention.others_cores:.2f} CPUs"
+            if self.contention.steal_cores:
+                text += f", steal {self.contention.steal_cores:.2f}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "accepted": self.accepted, "refused_by": list(self.refused_by),
                 "dropped": [s.key for s in self.dropped], "dropped_before": list(self.dropped_before),
                 "global_failures": list(self.global_failures),
                 "load_before": self.load_before, "load_after": self.load_after, "logical_cpus": self.logical_cpus,
+                "contention": None if self.contention is None else self.contention.to_dict(),
                 "warnings": list(self.warnings), "series": [s.to_dict() for s in self.series]}
 
 
@@ -194,7 +206,7 @@ def assess(profile: CalibrationProfile, kind: str, cache_bytes: float | None = N
         warnings.append("no theoretical peak FLOP/s known: compute rates were not checked against one")
     dropped_before = tuple(note.split(" ", 2)[1] for note in profile.notes if note.startswith(DROPPED))
     return ProfileQuality(profile.device, tuple(series), _sustained_failures(profile, kind), load_before, load_after,
-                          cpus, tuple(warnings), dropped_before)
+                          cpus, tuple(warnings), dropped_before, conditions.contention if conditions else None)
 
 
 def _sustained_failures(profile: CalibrationProfile, kind: str) -> tuple[str, ...]:
@@ -237,6 +249,7 @@ def _assess_series(series: SeriesProfile, profile: CalibrationProfile, kind: str
         failures.append(f"residual: rms error {_pct(rms)} (limit {_pct(MAX_RMS_LOG_RESIDUAL)}): the points "
                         "scatter around the fitted curve")
     failures += _implausible(series, profile, kind, cache_bytes)
+    failures += _contended(series, profile, kind)
     if series.op == "gemm":
         failures += _falls(series)
     spreads = [m.spread for m in series.measurements]
@@ -244,6 +257,21 @@ def _assess_series(series: SeriesProfile, profile: CalibrationProfile, kind: str
     return SeriesQuality(series.key, series.key in ESSENTIAL_SERIES, points, planned, rms if points else None,
                          statistics.median(spreads) if spreads else None,
                          None if best is None else best / series.peak, tuple(failures))
+
+
+def _contended(series: SeriesProfile, profile: CalibrationProfile, kind: str) -> list[str]:
+    """The series was measured while other programs (or steal) took the CPUs torch's threads need, or
+    while the reference kernel ran slow, in every attempt the runner made."""
+    if series.contention is None:
+        return []
+    fingerprint = profile.fingerprint
+    allowed = (allowed_busy_cores(fingerprint.cpu_cores, fingerprint.torch_threads)
+               if kind == "cpu" and fingerprint is not None else None)
+    reason = disturbance(series.contention, allowed)
+    if reason is None:
+        return []
+    tries = series.contention.attempts
+    return [f"contention: {reason}{f' (in each of {tries} attempts)' if tries > 1 else ''}"]
 
 
 def _implausible(series: SeriesProfile, profile: CalibrationProfile, kind: str,

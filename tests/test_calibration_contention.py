@@ -1,0 +1,192 @@
+"""Contention while calibrating (issue #20): /proc/stat read by hand-computed cases, and the runner on a
+simulated machine (tests/calibration_fakes.py: a ModelClock whose calls take the seconds we choose,
+and /proc/stat as other programs would move it) where a burst of load is measured again and a busy
+machine is refused, leaving the previous profile in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from advisor.calibration import runner as runner_module
+from advisor.calibration.cache import profile_path
+from advisor.calibration.contention import (
+    MAX_ATTEMPTS,
+    CPUSnapshot,
+    allowed_busy_cores,
+    contention_between,
+    disturbance,
+    read_proc_stat,
+)
+from advisor.calibration.profile import CalibrationProfile, Contention
+from advisor.calibration.quality import gate
+from advisor.calibration.runner import calibrate
+from advisor.calibration.suite import Suite, load_suite
+from advisor.cli.main import main
+from tests.calibration_fakes import ModelClock, busy_machine, steady_cases
+from tests.test_calibration_quality import CACHE, PEAKS, QUALITY_SUITE, STEADY
+
+SERIES_ORDER = ("launch/fp32", "copy/fp32", "add/fp32", "gemm/fp32", "conv/fp32")
+"""QUALITY_SUITE's series in run order: the runner reads /proc/stat before and after each."""
+
+
+# ---- /proc/stat and the arithmetic --------------------------------------------------------------------------
+
+
+def test_proc_stat_busy_and_steal() -> None:
+    # user 100 nice 0 system 50 idle 800 iowait 0 irq 0 softirq 10 steal 40 at 100 ticks/s:
+    # busy (100 + 0 + 50 + 0 + 10) / 100 = 1.6 s, steal 40 / 100 = 0.4 s
+    assert read_proc_stat("cpu  100 0 50 800 0 0 10 40 0 0\ncpu0 1 2 3\n", 100.0) == (1.6, 0.4)
+    # an old kernel without steal: 4 fields after "cpu"
+    assert read_proc_stat("cpu  100 20 30 400\n", 100.0) == (1.5, 0.0)
+
+
+def test_contention_between_two_snapshots() -> None:
+    # 2 s apart, all CPUs busy 3.0 s of which ours 1.9 s, steal 0.2 s:
+    # others (3.0 - 1.9) / 2 = 0.55 CPUs, steal 0.2 / 2 = 0.1 CPUs
+    found = contention_between(CPUSnapshot(10.0, 5.0, 1.0, 2.0), CPUSnapshot(12.0, 8.0, 1.2, 3.9))
+    assert (found.seconds, found.others_cores, found.steal_cores) == (2.0, 0.55, 0.1)
+    assert found.busy_cores == pytest.approx(0.65)
+    # no /proc/stat: nothing known, nothing disturbed
+    unknown = contention_between(None, None)
+    assert unknown.busy_cores is None and disturbance(unknown, 0.25) is None
+
+
+def test_allowed_busy_cores_leaves_torch_threads_alone() -> None:
+    assert allowed_busy_cores(2, 2) == 0.25  # 2 CPUs, 2 threads: 0 + 0.25
+    assert allowed_busy_cores(16, 8) == 8.25  # 16 CPUs, 8 threads: 8 + 0.25
+    assert disturbance(Contention(1.0, 0.2, 0.0), 0.25) is None
+    assert "other programs used 1.00 CPUs" in disturbance(Contention(1.0, 1.0, 0.0), 0.25)
+    assert "steal" in disturbance(Contention(1.0, 0.1, 0.5), 0.25)
+    # a GPU (allowed None): only the reference kernel's slowdown counts
+    assert disturbance(Contention(1.0, 1.0, 0.0), None) is None
+    assert "1.50x slower" in disturbance(Contention(1.0, 0.0, 0.0, reference_slowdown=1.5), None)
+
+
+# ---- the runner on a simulated machine ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Suite:
+    path = tmp_path / "suite.yaml"
+    path.write_text(QUALITY_SUITE)
+    loaded = load_suite(path)
+    steady_cases(monkeypatch)
+    return loaded
+
+
+def two_core_target(suite: Suite, clock: ModelClock) -> runner_module.Target:
+    """This CPU with the fake peaks, a 2-core 2-thread fingerprint (0.25 CPUs allowed to others) and `clock`."""
+    real = runner_module.cpu_target(suite)
+    fingerprint = dataclasses.replace(real.fingerprint, cpu_cores=2, torch_threads=2)
+    return dataclasses.replace(real, peaks=PEAKS, cache_bytes=float(CACHE), clock=clock, host_clock=clock,
+                               fingerprint=fingerprint)
+
+
+def snapshot_times(suite: Suite, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Simulated seconds at each /proc/stat read of a quiet run: before and after each series in turn."""
+    clock = ModelClock(STEADY)
+    times: list[float] = []
+
+    def snapshot() -> CPUSnapshot:
+        times.append(clock.elapsed)
+        return CPUSnapshot(clock.elapsed, 0.0, 0.0, 0.0)
+
+    monkeypatch.setattr(runner_module, "cpu_snapshot", snapshot)
+    runner_module.run_suite(two_core_target(suite, clock), suite, quick=True)
+    return times
+
+
+def test_a_burst_of_load_is_measured_again_and_leaves_no_trace(suite: Suite, monkeypatch) -> None:
+    quiet_clock = ModelClock(STEADY)
+    quiet = calibrate(two_core_target(suite, quiet_clock), suite, quick=True)
+    times = snapshot_times(suite, monkeypatch)
+    gemm = SERIES_ORDER.index("gemm/fp32")
+    start, end = times[2 * gemm], times[2 * gemm + 1]  # the gemm series of the first pass
+    clock = ModelClock(STEADY)
+    # one other program takes a whole CPU while gemm/fp32 runs, and each call then takes 3x as long
+    busy_machine(monkeypatch, clock, lambda t: 1.0 if start <= t <= end else 0.0, slowdown=3.0)
+    profile = calibrate(two_core_target(suite, clock), suite, quick=True)
+    series = profile.get("gemm", "fp32")
+    # measured again later in the run, quiet then: the fastest sample of each case is the quiet one
+    assert series.contention.attempts == 2 and series.contention.others_cores == 0.0
+    assert [m.seconds for m in series.measurements] == [m.seconds for m in quiet.get("gemm", "fp32").measurements]
+    assert series.fit == quiet.get("gemm", "fp32").fit
+    # the other series were not disturbed: measured once
+    assert {s.key: s.contention.attempts for s in profile.series if s.key != "gemm/fp32"} == {
+        "copy/fp32": 1, "add/fp32": 1, "conv/fp32": 1}
+    result = gate(profile, "cpu", CACHE)
+    assert result.quality.accepted and not result.quality.dropped
+
+
+def busy_profile(suite: Suite, monkeypatch: pytest.MonkeyPatch, others: float) -> CalibrationProfile:
+    clock = ModelClock(STEADY)
+    busy_machine(monkeypatch, clock, lambda t: others, slowdown=3.0)
+    return calibrate(two_core_target(suite, clock), suite, quick=True)
+
+
+def test_a_busy_machine_is_refused_after_every_attempt(suite: Suite, monkeypatch) -> None:
+    profile = busy_profile(suite, monkeypatch, 1.0)
+    assert {s.contention.attempts for s in profile.series} == {MAX_ATTEMPTS}
+    assert profile.conditions.contention.others_cores == pytest.approx(1.0)
+    result = gate(profile, "cpu", CACHE)
+    assert not result.quality.accepted and result.profile is None
+    assert ("gemm/fp32 contention: other programs used 1.00 CPUs while it was measured (at most 0.25 leave "
+            f"torch's threads alone) (in each of {MAX_ATTEMPTS} attempts)") in result.quality.refused_by
+    assert "other programs used 1.00 CPUs" in result.quality.load_text()
+
+
+def test_light_background_work_is_not_contention(suite: Suite, monkeypatch) -> None:
+    # daemons at 0.1 CPUs (below 0.25): measured once, accepted
+    profile = busy_profile(suite, monkeypatch, 0.1)
+    assert {s.contention.attempts for s in profile.series} == {1}
+    assert gate(profile, "cpu", CACHE).quality.accepted
+
+
+def test_a_slowed_reference_kernel_measures_the_series_again(suite: Suite, monkeypatch) -> None:
+    # no other program in /proc/stat, but the host runs everything 2x slower while copy/fp32 is first
+    # measured (a neighbour VM's memory traffic): the reference GEMM before add/fp32 tells
+    times = snapshot_times(suite, monkeypatch)
+    copy = SERIES_ORDER.index("copy/fp32")
+    start, end = times[2 * copy - 1], times[2 * copy + 1]  # from the reference kernel before copy/fp32 to its end
+    clock = ModelClock(STEADY)
+    slow = clock.seconds
+    clock.seconds = lambda case: slow(case) * (2.0 if start <= clock.elapsed <= end else 1.0)
+    monkeypatch.setattr(runner_module, "cpu_snapshot", lambda: None)
+    profile = calibrate(two_core_target(suite, clock), suite, quick=True)
+    # the reference kernel timed just before the copy series (inside the slow window) ran 2x its best
+    copy_series = profile.get("copy", "fp32")
+    assert copy_series.contention.attempts == 2 and copy_series.contention.reference_slowdown == 1.0
+    assert gate(profile, "cpu", CACHE).quality.accepted
+
+
+def test_cli_refuses_a_busy_machine_and_keeps_the_previous_profile(capsys, suite: Suite, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("advisor.calibration.suite.load_suite", lambda: suite)
+    real = runner_module.cpu_target
+    clocks: list[ModelClock] = []
+
+    def target(s: Suite) -> runner_module.Target:
+        clock = clocks[-1]
+        fake = dataclasses.replace(real(s), peaks=PEAKS, cache_bytes=float(CACHE), clock=clock, host_clock=clock)
+        return dataclasses.replace(fake, fingerprint=dataclasses.replace(fake.fingerprint, cpu_cores=2,
+                                                                         torch_threads=2))
+
+    monkeypatch.setattr(runner_module, "cpu_target", target)
+    clocks.append(ModelClock(STEADY))
+    assert main(["calibrate", "--quick"]) == 0
+    path = profile_path("cpu")
+    before = path.read_bytes()
+    capsys.readouterr()
+    clocks.append(ModelClock(STEADY))
+    busy_machine(monkeypatch, clocks[-1], lambda t: 1.0, slowdown=3.0)
+    assert main(["calibrate", "--quick"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "failed its quality gates and was not stored" in err and "contention: other programs used 1.00 CPUs" in err
+    assert "close other programs and run it again" in err and f"({path} is left as it was)" in err
+    assert path.read_bytes() == before
