@@ -164,7 +164,10 @@ def test_tiny_calibration_fits_and_skips_what_is_too_slow(tiny_suite) -> None:
     target = cpu_target(tiny_suite)
     seen: list[tuple[int, int, str]] = []
     profile = calibrate(target, tiny_suite, quick=True, progress=lambda *a: seen.append(a))
-    assert seen[0] == (0, len(seen) - 1, "launch/fp32 dispatch") and seen[-1][2] == "fitting"
+    cases = len(tiny_suite.cases("cpu", True, set(target.peaks.flops) | {"fp32"}))
+    assert seen[0] == (0, cases, "launch/fp32 dispatch") and seen[-1] == (len(seen) - 1, len(seen) - 1, "fitting")
+    # a series disturbed by other programs is measured again: the total grows by its cases, never below done
+    assert all(done <= total for done, total, _ in seen) and [d for d, _, _ in seen] == list(range(len(seen)))
     assert set(profile.overheads_s) == {"dispatch", "autograd"}
     assert 1e-8 < profile.overheads_s["dispatch"] < 1e-3
     copy = profile.get("copy", "fp32")
