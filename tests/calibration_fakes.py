@@ -38,7 +38,7 @@ def steady_cases(monkeypatch: pytest.MonkeyPatch) -> None:
     absent (this VM's real neighbours must not decide a test): `busy_machine` simulates one."""
     real_build = Case.build  # meta tensors (the cost registry's) stay real: they cost nothing
 
-    def build(self: Case, device: str):
+    def build(self: Case, device: str, cold_bytes: float = 0.0):
         return real_build(self, device) if device == "meta" else TaggedCall(self)
 
     monkeypatch.setattr(Case, "build", build)

@@ -220,12 +220,21 @@ def _measure_series(target: Target, cases: list[Case], timing: Timing, reference
             continue
         clock = target.host_clock if case.op == "launch" else target.clock
         with _math_mode(case.dtype), torch.no_grad() if case.variant != "autograd" else contextlib.nullcontext():
-            call = case.build(target.device)
+            call = case.build(target.device, cold_bytes(target))
             sample = measure(call, clock, timing)
             del call
         results[case.label] = _Result(case, cost.flops, cost.bytes, sample)
         rate = _rate_for_skipping(case, work / sample.seconds, rate)
     return _SeriesRun(cases, results, skipped, contention_between(before, cpu_snapshot()), reference_s)
+
+
+COLD_OVER_CACHE = 2.0
+"""A case's operands rotate through copies filling this many times the last-level cache / L2."""
+
+
+def cold_bytes(target: Target) -> float:
+    """Bytes of operand copies a case rotates through to keep them out of the caches (0: cache unknown)."""
+    return COLD_OVER_CACHE * target.cache_bytes if target.cache_bytes else 0.0
 
 
 def _disturbed(run: _SeriesRun, best_reference_s: float, allowed: float | None) -> str | None:

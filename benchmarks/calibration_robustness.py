@@ -1,0 +1,250 @@
+"""A quick CPU calibration on a quiet and on a busy machine: what it stores (or refuses), and how well the
+stored profile predicts real training steps measured under the same load (issue #20).
+
+For each load (0, 1, 2 busy processes spinning beside it; `--busy`), this run:
+1. calibrates (`advisor calibrate --quick`, a fresh cache) with this tree's code and with a baseline
+   revision's (`--baseline`, default the commit before issue #20's robustness work: "today's
+   behaviour"), each in its own process;
+2. measures real training steps of each model (median of timed steps after warm-up) under the same load;
+3. predicts each model's step from each stored profile (in a process running that code's tracer and
+   estimator), and prints the errors, their median and worst, beside a bare roofline of the same trace
+   (75% of the fp32 peak and of the sustained bandwidth measured by this tree's calibration).
+
+Models: benchmarks/heldout.py (torchvision, timm, transformers, a wide MLP; those whose library
+imports here) and the MLP example. A load's figures are comparable only within that load.
+
+    python benchmarks/calibration_robustness.py [--busy 0,1,2] [--baseline REV] [--models a,b]
+        [--out benchmarks/results/calibration_robustness.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from heldout import HELDOUT, available  # noqa: E402
+
+DEFAULT_BASELINE = "ecabff8"
+"""The last commit before contention detection and cold operands (2026-11-23)."""
+BARE_EFFICIENCY = 0.75
+
+
+@dataclass(frozen=True)
+class Calibration:
+    code: str
+    stored: bool
+    message: str
+    seconds: float
+    cache: str
+
+
+def model_names(requested: str | None) -> list[str]:
+    names = ["mlp_example", *available()]
+    return requested.split(",") if requested else names
+
+
+def parts_of(name: str) -> tuple:
+    """(build, make_input, loss_fn, batch, optimizer) of a model."""
+    if name == "mlp_example":
+        from zoo import example
+        build, make_input, loss_fn = example("mlp")
+        return build, make_input, loss_fn, 64, "adamw"
+    model = HELDOUT[name]
+    return model.build, model.make_input, model.loss_fn, model.batch, model.optimizer
+
+
+# ---- in a subprocess: one code version's prediction --------------------------------------------------------
+
+
+def predict(names: list[str]) -> dict[str, dict[str, float]]:
+    """Per model, the step predicted from the stored profile (GPU_ADVISOR_CACHE_DIR) and the bare
+    roofline of the same trace, seconds; run with PYTHONPATH pointing at the code version to judge."""
+    from advisor.calibration.cache import load_profile
+    from advisor.calibration.runner import cpu_target
+    from advisor.calibration.suite import load_suite
+    from advisor.estimate.ops import classify
+    from advisor.estimate.step import DeviceModel, estimate_records
+    from advisor.profile.trace import trace_training_step
+
+    cached = load_profile("cpu", cpu_target(load_suite()).fingerprint)
+    assert cached.profile is not None, cached.problem
+    device = DeviceModel("local-cpu", "cpu", cached.profile)
+    fp32 = cached.profile.peaks.flops.get("fp32") or 1e11
+    bandwidth = cached.profile.sustained_bandwidth_bytes_per_s
+    out = {}
+    for name in names:
+        build, make_input, loss_fn, batch, optimizer = parts_of(name)
+        trace = trace_training_step(build, make_input, batch, "fp32", optimizer, loss_fn)
+        bare = sum(max(r.flops / (BARE_EFFICIENCY * fp32) if classify(r, "fp32").compute else 0.0,
+                       (r.bytes_read + r.bytes_written) / (BARE_EFFICIENCY * bandwidth)) for r in trace.records)
+        out[name] = {"ours": estimate_records(trace.records, "fp32", device).step_s, "bare": bare}
+    return out
+
+
+# ---- in the main process ------------------------------------------------------------------------------------
+
+
+def export(revision: str, into: Path) -> Path:
+    """The tree of `revision` (git archive), to run its code."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def run_code(code: Path, cache: Path, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(code), GPU_ADVISOR_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(code))
+
+
+def calibrate_with(label: str, code: Path, cache: Path) -> Calibration:
+    started = time.perf_counter()
+    done = run_code(code, cache, ["-m", "advisor", "calibrate", "--quick", "--device", "cpu"])
+    seconds = time.perf_counter() - started
+    assert done.returncode in (0, 2), f"{label} calibrate exited {done.returncode}: {done.stderr[-2000:]}"
+    lines = [line for line in done.stderr.splitlines() if line.startswith("advisor:")]
+    message = next((line for line in lines if "error" in line), lines[-1] if lines else "")
+    if done.returncode == 0:
+        quality = next((line for line in done.stdout.splitlines() if line.startswith("quality:")), "")
+        message = quality
+    return Calibration(label, done.returncode == 0, message, seconds, str(cache))
+
+
+def predictions(code: Path, cache: Path, names: list[str]) -> dict[str, dict[str, float]]:
+    done = run_code(code, cache, [str(Path(__file__).resolve()), "--predict", "--models", ",".join(names)])
+    assert done.returncode == 0, f"prediction failed: {done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_step(name: str, warm: int = 2, timed: int = 5) -> float:
+    """Median seconds of real training steps of the model."""
+    from advisor.profile.trace import call_model, default_loss, make_optimizer
+    build, make_input, loss_fn, batch, optimizer_name = parts_of(name)
+    torch.manual_seed(0)
+    model, inputs = build(), make_input(batch)
+    model.train()
+    optimizer = make_optimizer(optimizer_name, [p for p in model.parameters() if p.requires_grad])
+    loss_fn = loss_fn or default_loss
+    times = []
+    for step in range(warm + timed):
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(call_model(model, inputs), inputs).backward()
+        optimizer.step()
+        if step >= warm:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def spinners(count: int) -> list[subprocess.Popen]:
+    """`count` processes that each keep one CPU busy."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def one_load(busy: int, codes: dict[str, Path], names: list[str], work: Path) -> list[str]:
+    lines = [f"\n== {busy} busy process(es) beside the run; load average {os.getloadavg()[0]:.2f} at start"]
+    procs = spinners(busy)
+    try:
+        time.sleep(3 if busy else 0)
+        calibrations = {label: calibrate_with(label, code, work / f"cache-{busy}-{label}")
+                        for label, code in codes.items()}
+        measured = {}
+        for name in names:
+            measured[name] = measure_step(name)
+            print(f"  {busy} busy: {name} measured {measured[name] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        predicted = {label: predictions(codes[label], Path(c.cache), names) if c.stored else None
+                     for label, c in calibrations.items()}
+        lines.append(f"load average at the end {os.getloadavg()[0]:.2f}")
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    for label, calibration in calibrations.items():
+        verdict = "stored" if calibration.stored else "REFUSED"
+        lines.append(f"{label:>9}: calibration {verdict} in {calibration.seconds:.0f} s: {calibration.message}")
+    header = f"  {'model':<24} {'measured ms':>11}"
+    for label in codes:
+        header += f" {label + ' ms':>13} {'err':>7}"
+    header += f" {'bare ms':>9} {'err':>7}"
+    lines.append(header)
+    errors: dict[str, list[float]] = {label: [] for label in codes}
+    bare_errors: list[float] = []
+    reference = next((p for p in predicted.values() if p is not None), None)
+    for name in names:
+        row = f"  {name:<24} {measured[name] * 1e3:>11.1f}"
+        for label in codes:
+            found = predicted[label]
+            if found is None:
+                row += f" {'refused':>13} {'':>7}"
+                continue
+            error = found[name]["ours"] / measured[name] - 1
+            errors[label].append(error)
+            row += f" {found[name]['ours'] * 1e3:>13.1f} {error:>+7.1%}"
+        if reference is not None:
+            bare = reference[name]["bare"] / measured[name] - 1
+            bare_errors.append(bare)
+            row += f" {reference[name]['bare'] * 1e3:>9.1f} {bare:>+7.1%}"
+        lines.append(row)
+    for label, found in errors.items():
+        if found:
+            absolute = [abs(e) for e in found]
+            lines.append(f"  {label}: median |error| {statistics.median(absolute):.1%}, worst {max(absolute):.1%} "
+                         f"over {len(found)} models")
+        else:
+            lines.append(f"  {label}: no profile stored, no prediction")
+    if bare_errors:
+        absolute = [abs(e) for e in bare_errors]
+        lines.append(f"  bare roofline: median |error| {statistics.median(absolute):.1%}, worst {max(absolute):.1%}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--busy", default="0,1,2")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE)
+    parser.add_argument("--models")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--predict", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    names = model_names(args.models)
+    if args.predict:
+        print(json.dumps(predict(names)))
+        return 0
+    with tempfile.TemporaryDirectory() as temporary:
+        work = Path(temporary)
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        codes = {"new": REPO, "baseline": export(args.baseline, work / "baseline")}
+        lines = [f"calibration robustness, {dt.date.today()}, torch {torch.__version__}, {torch.get_num_threads()} "
+                 f"threads, {os.cpu_count()} CPUs; new = this tree (HEAD {head}, with any uncommitted changes), "
+                 f"baseline = {args.baseline}",
+                 "error = predicted / measured - 1 of one training step (fp32); steps measured under the same load",
+                 f"models: {', '.join(names)}"]
+        print("\n".join(lines), flush=True)
+        for busy in (int(b) for b in args.busy.split(",")):
+            block = one_load(busy, codes, names, work)
+            print("\n".join(block), flush=True)
+            lines += block
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
