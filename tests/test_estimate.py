@@ -85,6 +85,17 @@ def test_gpu_queues_kernels_behind_the_host() -> None:
     assert all(op.bound == "overhead" for op in tiny.ops)
 
 
+def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
+    # _foreach_mul_ over 100 tensors of 1,000 floats: 800 kB moved at 1e11 x 50% = 16 us of kernel.
+    # A CPU runs it tensor by tensor: 100 x 10 us of host = 1 ms; a GPU fuses the list (one launch, 10 us).
+    record = OpRecord("optimizer", "(optimizer)", "_foreach_mul_", 1e5, 400_000, 400_000, ("float32",), False, True,
+                      tensors=100)
+    cpu = estimate_records([record], "fp32", DeviceModel("cpu", "cpu", synthetic_profile()))
+    assert cpu.ops[0].host_s == pytest.approx(100 * 1e-5) and cpu.step_s == pytest.approx(1e-3 + 16e-6)
+    gpu = estimate_records([record], "fp32", DeviceModel("gpu", "gpu", synthetic_profile(), sm_count=None))
+    assert gpu.ops[0].host_s == pytest.approx(1e-5) and gpu.step_s == pytest.approx(1e-5 + 16e-6)
+
+
 def test_memory_bound_matmul_follows_the_roofline() -> None:
     device = DeviceModel("cpu", "cpu", synthetic_profile(dispatch_s=0.0))
     # mm 4096x1x4096 (a matrix-vector product): 2*4096*4096 = 33.6 MFLOP over (16.8M + 4096 + 4096) x 4 B

@@ -44,6 +44,9 @@ def test_records_name_the_storages_each_op_allocates() -> None:
     assert optimizer["_foreach_mul_"] == ()  # in place: nothing new
     # _foreach_sqrt of the four second moments: W1 16*8*4 = 512, b1 64, W2 4*16*4 = 256, b2 16 bytes
     assert sorted(optimizer["_foreach_sqrt"]) == [16, 64, 256, 512]
+    # multi-tensor ops record how many tensors they work on (W1, b1, W2, b2); others 1
+    tensors = {r.op: r.tensors for r in trace.records}
+    assert tensors["_foreach_sqrt"] == 4 and tensors["_foreach_mul_"] == 4 and tensors["addmm"] == 1
 
 
 def test_precision_sets_matmul_dtypes() -> None:

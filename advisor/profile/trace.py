@@ -84,9 +84,17 @@ class OpRecord:
     """Bytes of each new storage the op allocated (its outputs; none for in-place ops and views)."""
     conv: ConvGeometry | None = None
     """A convolution's geometry and layout (costs.OpCost.conv)."""
+    tensors: int = 1
+    """Tensors one call works on: the length of a multi-tensor (`_foreach_*`) op's first list, else 1."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+def _tensor_count(args: tuple) -> int:
+    """The length of a multi-tensor op's first argument (a list of tensors), else 1."""
+    first = args[0] if args else None
+    return len(first) if isinstance(first, (list, tuple)) and first and isinstance(first[0], torch.Tensor) else 1
+
 
 @dataclass(frozen=True)
 class StepTrace:
@@ -232,7 +240,7 @@ class _Recorder(TorchDispatchMode):
             self.records.append(
                 OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
                          cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
-                         self.memory.sizes_since(first_storage), cost.conv)
+                         self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
             )
         return out
 
