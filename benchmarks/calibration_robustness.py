@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from heldout import HELDOUT, available  # noqa: E402
+from heldout import available, model_parts  # noqa: E402
 
 DEFAULT_BASELINE = "ecabff8"
 """The last commit before contention detection and cold operands (2026-11-23)."""
@@ -56,16 +56,6 @@ class Calibration:
 def model_names(requested: str | None) -> list[str]:
     names = ["mlp_example", *available()]
     return requested.split(",") if requested else names
-
-
-def parts_of(name: str) -> tuple:
-    """(build, make_input, loss_fn, batch, optimizer) of a model."""
-    if name == "mlp_example":
-        from zoo import example
-        build, make_input, loss_fn = example("mlp")
-        return build, make_input, loss_fn, 64, "adamw"
-    model = HELDOUT[name]
-    return model.build, model.make_input, model.loss_fn, model.batch, model.optimizer
 
 
 # ---- in a subprocess: one code version's prediction --------------------------------------------------------
@@ -88,7 +78,7 @@ def predict(names: list[str]) -> dict[str, dict[str, float]]:
     bandwidth = cached.profile.sustained_bandwidth_bytes_per_s
     out = {}
     for name in names:
-        build, make_input, loss_fn, batch, optimizer = parts_of(name)
+        build, make_input, loss_fn, batch, optimizer = model_parts(name)
         trace = trace_training_step(build, make_input, batch, "fp32", optimizer, loss_fn)
         bare = sum(max(r.flops / (BARE_EFFICIENCY * fp32) if classify(r, "fp32").compute else 0.0,
                        (r.bytes_read + r.bytes_written) / (BARE_EFFICIENCY * bandwidth)) for r in trace.records)
@@ -135,7 +125,7 @@ def predictions(code: Path, cache: Path, names: list[str]) -> dict[str, dict[str
 def measure_step(name: str, warm: int = 2, timed: int = 5) -> float:
     """Median seconds of real training steps of the model."""
     from advisor.profile.trace import call_model, default_loss, make_optimizer
-    build, make_input, loss_fn, batch, optimizer_name = parts_of(name)
+    build, make_input, loss_fn, batch, optimizer_name = model_parts(name)
     torch.manual_seed(0)
     model, inputs = build(), make_input(batch)
     model.train()

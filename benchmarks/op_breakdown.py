@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from heldout import HELDOUT, available  # noqa: E402
+from heldout import available, model_parts  # noqa: E402
 
 from advisor.calibration.reference import load_families  # noqa: E402
 from advisor.estimate.step import StepTime, estimate_records  # noqa: E402
@@ -168,7 +168,7 @@ def report(name: str, measured: Measured, step: StepTime, top: int, count: dict[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(available()))
+    parser.add_argument("--models", default=",".join(["mlp_example", *available()]))
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
@@ -179,15 +179,15 @@ def main(argv: list[str] | None = None) -> int:
           f"calibration {cpu.device.profile.mode} {cpu.device.profile.created}")
     print(f"overheads: {cpu.device.profile.overheads_s}")
     for name in args.models.split(","):
-        model = HELDOUT[name]
-        parts = model.parts()
-        trace = trace_training_step(parts[0], parts[1], model.batch, "fp32", model.optimizer, parts[2])
+        build, make_input, loss_fn, batch, optimizer = model_parts(name)
+        parts = (build, make_input, loss_fn)
+        trace = trace_training_step(build, make_input, batch, "fp32", optimizer, loss_fn)
         step = estimate_records(trace.records, "fp32", cpu.device)
         count: dict[tuple[str, str], int] = defaultdict(int)
         for record in trace.records:
             count[(record.phase, record.op)] += 1
-        measured = measure(parts, model.batch, model.optimizer, {r.op for r in trace.records}, args.steps)
-        print("\n".join(report(f"{name} b{model.batch} {model.optimizer}", measured, step, args.top, count)),
+        measured = measure(parts, batch, optimizer, {r.op for r in trace.records}, args.steps)
+        print("\n".join(report(f"{name} b{batch} {optimizer}", measured, step, args.top, count)),
               flush=True)
         gc.collect()
     return 0

@@ -19,7 +19,7 @@ from advisor.calibration import runner as runner_module
 from advisor.calibration.contention import CPUSnapshot
 from advisor.calibration.peaks import DevicePeaks
 from advisor.calibration.runner import Target
-from advisor.calibration.suite import COMPUTE_OPS, Case, case_cost
+from advisor.calibration.suite import COMPUTE_OPS, FOREACH_TENSORS, Case, case_cost
 from advisor.calibration.timing import Clock
 
 
@@ -82,11 +82,14 @@ def busy_machine(monkeypatch: pytest.MonkeyPatch, clock: ModelClock, others: Cal
 def steady_seconds(flops_per_s: dict[str, float], bytes_per_s: float, latency_s: float = 5e-6,
                    dispatch_s: float = 2e-6) -> Callable[[Case], float]:
     """A steady device: a compute call takes latency + FLOPs / its dtype's rate, a memory call
-    latency / 5 + bytes / bandwidth (no cache step), a tiny op `dispatch_s` (1.5x that with autograd).
+    latency / 5 + bytes / bandwidth (no cache step), a tiny op `dispatch_s` (1.5x that with autograd,
+    half of it per tensor of a multi-tensor op).
     Exactly the saturating curve with alpha = 1, so every fit is near-exact."""
 
     def seconds(case: Case) -> float:
         if case.op == "launch":
+            if case.variant == "foreach":  # half a dispatch per tensor of the list
+                return dispatch_s / 2 * FOREACH_TENSORS
             return dispatch_s * (1.5 if case.variant == "autograd" else 1.0)
         cost = case_cost(case)
         if case.op in COMPUTE_OPS:

@@ -168,8 +168,10 @@ def test_tiny_calibration_fits_and_skips_what_is_too_slow(tiny_suite) -> None:
     assert seen[0] == (0, cases, "launch/fp32 dispatch") and seen[-1] == (len(seen) - 1, len(seen) - 1, "fitting")
     # a series disturbed by other programs is measured again: the total grows by its cases, never below done
     assert all(done <= total for done, total, _ in seen) and [d for d, _, _ in seen] == list(range(len(seen)))
-    assert set(profile.overheads_s) == {"dispatch", "autograd"}
+    assert set(profile.overheads_s) == {"dispatch", "autograd", "foreach"}
     assert 1e-8 < profile.overheads_s["dispatch"] < 1e-3
+    # per tensor of a multi-tensor op's list: no more than one whole dispatch (it skips Python)
+    assert 1e-9 < profile.overheads_s["foreach"] < 2 * profile.overheads_s["dispatch"]
     copy = profile.get("copy", "fp32")
     assert copy.axis == "bytes" and len(copy.measurements) == 3 and copy.fit.points == 3
     gemm = profile.get("gemm", "fp32")
@@ -434,7 +436,7 @@ def _one_case_suite(op: str, label: str) -> Suite:
 
 def _suite_rate(op: str, label: str) -> float:
     """The achieved rate of one case timed again by the suite's own runner (run_suite and its measure)."""
-    (result,), _ = run_suite(cpu_target(load_suite()), _one_case_suite(op, label), quick=True)
+    (result,), _, _ = run_suite(cpu_target(load_suite()), _one_case_suite(op, label), quick=True)
     work = result.flops if op in COMPUTE_OPS else result.bytes
     return work / result.sample.seconds
 

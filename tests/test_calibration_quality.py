@@ -124,7 +124,8 @@ def test_a_steady_machine_passes_every_gate(suite: Suite) -> None:
     profile, result = measure(suite)
     assert result.quality.accepted and result.profile == profile and not result.quality.dropped
     keys = {s.key for s in result.quality.series}
-    assert keys == {"copy/fp32", "add/fp32", "gemm/fp32", "conv/fp32", "overhead/dispatch", "overhead/autograd"}
+    assert keys == {"copy/fp32", "add/fp32", "gemm/fp32", "conv/fp32", "overhead/dispatch", "overhead/autograd",
+                    "overhead/foreach"}
     gemm = next(s for s in result.quality.series if s.key == "gemm/fp32")
     # 4 of 4 sizes; the model is the saturating curve itself: no residual
     assert (gemm.points, gemm.planned, gemm.essential) == (4, 4, True) and gemm.rms_log_residual < 0.01

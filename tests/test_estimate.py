@@ -87,11 +87,16 @@ def test_gpu_queues_kernels_behind_the_host() -> None:
 
 def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
     # _foreach_mul_ over 100 tensors of 1,000 floats: 800 kB moved at 1e11 x 50% = 16 us of kernel.
-    # A CPU runs it tensor by tensor: 100 x 10 us of host = 1 ms; a GPU fuses the list (one launch, 10 us).
+    # A CPU runs it tensor by tensor: a profile without a foreach overhead counts 100 x 10 us of host
+    # = 1 ms; with foreach 1 us: 10 us + 99 x 1 us = 109 us. A GPU fuses the list (one launch, 10 us).
     record = OpRecord("optimizer", "(optimizer)", "_foreach_mul_", 1e5, 400_000, 400_000, ("float32",), False, True,
                       tensors=100)
     cpu = estimate_records([record], "fp32", DeviceModel("cpu", "cpu", synthetic_profile()))
     assert cpu.ops[0].host_s == pytest.approx(100 * 1e-5) and cpu.step_s == pytest.approx(1e-3 + 16e-6)
+    profile = synthetic_profile()
+    profile = dataclasses.replace(profile, overheads_s={**profile.overheads_s, "foreach": 1e-6})
+    measured = estimate_records([record], "fp32", DeviceModel("cpu", "cpu", profile))
+    assert measured.ops[0].host_s == pytest.approx(1e-5 + 99 * 1e-6)
     gpu = estimate_records([record], "fp32", DeviceModel("gpu", "gpu", synthetic_profile(), sm_count=None))
     assert gpu.ops[0].host_s == pytest.approx(1e-5) and gpu.step_s == pytest.approx(1e-5 + 16e-6)
 

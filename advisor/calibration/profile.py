@@ -288,7 +288,8 @@ class CalibrationProfile:
     sustained_bandwidth_bytes_per_s: float
     """Large-copy bandwidth: the memory side of the compute ops' roofline."""
     overheads_s: dict[str, float]
-    """Per-op host overhead, seconds: "dispatch" (a tiny op), "autograd" (a tiny op recorded for backward)."""
+    """Per-op host overhead, seconds: "dispatch" (a tiny op), "autograd" (a tiny op recorded for backward),
+    "foreach" (per tensor of a multi-tensor op's list; profiles before it have none)."""
     series: tuple[SeriesProfile, ...]
     fingerprint: Fingerprint | None = None
     duration_s: float | None = None

@@ -23,7 +23,7 @@ from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks
 from advisor.calibration.profile import (CalibrationProfile, Conditions, Contention, Fingerprint, Measurement,
                                          SeriesProfile,
                                          Skipped)
-from advisor.calibration.suite import COMPUTE_OPS, MEMORY_OPS, Case, Suite, Timing, case_cost
+from advisor.calibration.suite import COMPUTE_OPS, FOREACH_TENSORS, MEMORY_OPS, Case, Suite, Timing, case_cost
 from advisor.calibration.timing import Clock, CPUClock, CUDAClock, HostClock, Sample, measure
 from advisor.errors import UserError
 from advisor.hardware.matching import match_gpu_name
@@ -333,7 +333,8 @@ def build_profile(target: Target, results: list[_Result], skipped: list[tuple[Ca
     if target.peaks.bandwidth_bytes_per_s is None:
         notes.append(f"memory ops are fractions of the sustained bandwidth measured here, "
                      f"{sustained / 1e9:.1f} GB/s (no theoretical figure known)")
-    overheads = {r.case.variant: r.sample.seconds for r in results if r.case.op == "launch"}
+    overheads = {r.case.variant: r.sample.seconds / (FOREACH_TENSORS if r.case.variant == "foreach" else 1)
+                 for r in results if r.case.op == "launch"}
     series: list[SeriesProfile] = []
     for key in dict.fromkeys(r.case.series for r in results if r.case.op != "launch"):  # in run order
         points = [r for r in results if r.case.series == key]

@@ -22,12 +22,17 @@ from advisor.profile.costs import op_cost
 
 DEVICE_KINDS = ("cpu", "cuda")
 FIT_KINDS = ("saturating", "hierarchy", "none")
-MEMORY_OPS = ("copy", "scale", "triad", "reduction", "add", "gelu", "layer_norm", "softmax", "random", "fresh_pages")
+MEMORY_OPS = ("copy", "scale", "triad", "reduction", "add", "gelu", "layer_norm", "softmax", "pool", "random",
+              "fresh_pages")
 HOST_MEMORY_OPS = ("fresh_pages",)
 """Memory ops that only a CPU calibration measures: first touch of memory the allocator just got from
 the kernel (GPUs keep theirs in PyTorch's caching allocator)."""
 COMPUTE_OPS = ("gemm", "conv", "conv_backward")
-LAUNCH_VARIANTS = ("dispatch", "autograd")
+LAUNCH_VARIANTS = ("dispatch", "autograd", "foreach")
+FOREACH_TENSORS = 64
+"""The `foreach` launch case: one `_foreach_add_` over this many one-element tensors, whose time per
+tensor is the profile's `foreach` overhead (a multi-tensor op's cost per tensor of its list on a CPU,
+where it loops over them in C++: less than a whole dispatch from Python)."""
 OPS = ("launch", *MEMORY_OPS, *COMPUTE_OPS)
 """Series the suite knows how to build, in the order they run: launch first, memory ops next (the
 compute ops' roofline needs the sustained bandwidth), compute ops last."""
@@ -243,6 +248,9 @@ def _series(op: str, data: dict, where: str) -> Series:
 
 
 def _launch(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
+    if case.variant == "foreach":
+        tensors = [torch.ones(1, device=device, dtype=dtype) for _ in range(FOREACH_TENSORS)]
+        return lambda: torch._foreach_add_(tensors, 1.0)
     x = torch.ones(1, device=device, dtype=dtype, requires_grad=case.variant == "autograd")
     return lambda: torch.add(x, 1.0)
 
@@ -296,6 +304,18 @@ def _layer_norm(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
 def _softmax(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
     x = _rows(case, device, dtype)
     return lambda: torch.softmax(x, dim=-1)
+
+
+POOL_CHANNELS = 64
+
+
+def _pool(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
+    """A CNN stem's max pooling (ResNet's 3x3, stride 2, padding 1) with the indices backward needs, as a
+    training step calls it: a window op the CPU does not vectorise well (issue #20: 0.02-0.03x its
+    bandwidth-bound prediction in torchvision's ResNet-18)."""
+    side = max(4, math.isqrt(max(_elements(case, dtype) // POOL_CHANNELS, 1)))
+    x = torch.ones(1, POOL_CHANNELS, side, side, device=device, dtype=dtype)
+    return lambda: torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])
 
 
 def _random(case: Case, device: torch.device, dtype: torch.dtype) -> Call:
@@ -352,6 +372,7 @@ _BUILDERS: dict[str, Callable[[Case, torch.device, torch.dtype], Call]] = {
     "gelu": _gelu,
     "layer_norm": _layer_norm,
     "softmax": _softmax,
+    "pool": _pool,
     "random": _random,
     "fresh_pages": _fresh_pages,
     "gemm": _gemm,

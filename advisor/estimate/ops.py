@@ -37,6 +37,10 @@ TRANSCENDENTALS = frozenset({
 FILLS = frozenset({"fill_", "zero_", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
                    "new_ones", "new_full", "_foreach_zero_", "empty", "arange", "scalar_tensor"})
 
+POOLS = frozenset({"max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool2d", "max_pool3d"})
+"""Max pooling: a window op timed by the calibrated `pool` series (a CPU runs it far below its
+bandwidth; a GPU at memory speed, where a profile without the series falls back to copy)."""
+
 RANDOM = frozenset({"bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like", "randn", "randn_like",
                     "uniform_", "normal_", "randint", "randperm"})
 """Ops that draw random numbers (dropout's mask): timed by the calibrated `random` series (Philox on
@@ -165,6 +169,8 @@ def memory_series(op: str) -> str:
         return "scale"
     if op in RANDOM:
         return "random"
+    if op in POOLS:
+        return "pool"
     if op.startswith("_foreach_") or op.startswith("_fused_"):
         return "triad"
     if op in ("add", "add_", "mul", "mul_", "sub", "sub_", "addcmul_", "addcdiv_", "lerp_", "where",

@@ -281,13 +281,16 @@ class _OpTimer:
 
 def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = False) -> float:
     """Host time to issue one op: autograd recording in forward and backward, plain dispatch in the
-    optimizer (which runs under no_grad). On a CPU a multi-tensor op (`_foreach_*`) runs the op once
-    per tensor of its list (no fused CPU kernel): one dispatch each (issue #20: 100 one-element tensors
-    took 136 us in `_foreach_mul_`, 1.36 us each, one `mul_` 1.8 us; on a GPU multi_tensor_apply fuses
-    them into a few launches)."""
+    optimizer (which runs under no_grad). On a CPU a multi-tensor op (`_foreach_*`) runs once per
+    tensor of its list (no fused CPU kernel): each tensor after the first costs the calibrated
+    `foreach` overhead (issue #20: 100 one-element tensors took 136 us in `_foreach_mul_` here, 1.36 us
+    each, where one `mul_` took 1.8 us; profiles without it count a dispatch). A GPU's
+    multi_tensor_apply fuses the list into a few launches."""
     key = "dispatch" if record.phase == "optimizer" else "autograd"
     per_op = overheads.get(key, overheads.get("dispatch", 0.0))
-    return per_op * record.tensors if cpu else per_op
+    if not cpu or record.tensors <= 1:
+        return per_op
+    return per_op + (record.tensors - 1) * overheads.get("foreach", overheads.get("dispatch", 0.0))
 
 
 def estimate_step(trace: StepTrace, device: DeviceModel) -> StepTime:
