@@ -39,6 +39,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from heldout import HELDOUT, available  # noqa: E402
 from zoo import ZOO, ModelParts, cast_model_and_inputs, example  # noqa: E402
 
 from advisor.calibration.peaks import gpu_peaks  # noqa: E402
@@ -144,9 +145,16 @@ class CPUCase:
     optimizer: str = "adamw"
 
 
+def heldout_cases() -> list[CPUCase]:
+    """Models from outside this repository (benchmarks/heldout.py: torchvision, transformers, a wide MLP;
+    those whose library imports here), issue #20."""
+    return [CPUCase(f"{name} b{HELDOUT[name].batch}", f"held out: {HELDOUT[name].label}", HELDOUT[name].parts(),
+                    HELDOUT[name].batch, optimizer=HELDOUT[name].optimizer) for name in available()]
+
+
 def cpu_cases() -> list[CPUCase]:
     small_llama = dict(vocab_size=32000, width=512, layers=4, heads=8, kv_heads=4, intermediate=1376, seq_len=256)
-    return [
+    return heldout_cases() + [
         CPUCase("mlp b64", "MLP", example("mlp"), 64),
         CPUCase("resnet50 b8", "CNN", example("resnet50"), 8),
         CPUCase("mobilenet_v2 b16", "depthwise CNN", example("mobilenet_v2"), 16),
@@ -386,7 +394,9 @@ def main() -> int:
     if args.part in ("cpu", "all"):
         rows, notes = cpu_rows()
         lines += ["", "1. This CPU: real training steps (median) vs the --local prediction", *notes, *table(rows), "",
-                  *summary(rows, "CPU, all models")]
+                  *summary(rows, "CPU, all models"),
+                  *summary([r for r in rows if r.model in set(available())] or rows,
+                           "CPU, held-out models (heldout.py)")]
         summaries["cpu"] = summary_figures(rows, "step time of real training steps on the benchmark machine's CPU "
                                            "against the --local prediction")
     if args.part in ("published", "all"):

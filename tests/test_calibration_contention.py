@@ -177,11 +177,19 @@ def test_cli_refuses_a_busy_machine_and_keeps_the_previous_profile(capsys, suite
                                                                          torch_threads=2))
 
     monkeypatch.setattr(runner_module, "cpu_target", target)
+    # a quiet run, with one burst of load while copy/fp32 was first measured: stored, the burst shown
     clocks.append(ModelClock(STEADY))
+    times = snapshot_times(suite, monkeypatch)
+    copy = SERIES_ORDER.index("copy/fp32")
+    busy_machine(monkeypatch, clocks[-1], lambda t: 1.0 if times[2 * copy] <= t <= times[2 * copy + 1] else 0.0)
     assert main(["calibrate", "--quick"]) == 0
+    out = capsys.readouterr().out
+    copy_row = next(line for line in out.splitlines() if line.startswith("copy "))
+    add_row = next(line for line in out.splitlines() if line.startswith("add "))
+    # the busy column: other programs' CPUs in the least disturbed attempt, and how many attempts
+    assert "0.00 x2  pass" in copy_row and "0.00  pass" in add_row
     path = profile_path("cpu")
     before = path.read_bytes()
-    capsys.readouterr()
     clocks.append(ModelClock(STEADY))
     busy_machine(monkeypatch, clocks[-1], lambda t: 1.0, slowdown=3.0)
     assert main(["calibrate", "--quick"]) == 2

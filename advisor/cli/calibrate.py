@@ -166,6 +166,16 @@ def _fit_summary(series: SeriesProfile) -> str:
             f"{percent(curve.param('e_near'), 0)} within")
 
 
+def _busy(series: SeriesProfile) -> str:
+    """CPUs other programs (and steal) took while the series was measured, and the attempts it took:
+    "0.01", "0.02 x2" (measured twice, the figure of its least disturbed attempt); "-" when unknown."""
+    contention = series.contention
+    if contention is None or contention.busy_cores is None:
+        return "-"
+    tries = f" x{contention.attempts}" if contention.attempts > 1 else ""
+    return f"{contention.busy_cores:.2f}{tries}"
+
+
 def _verdict(quality: ProfileQuality | None, key: str) -> str:
     found = None if quality is None else next((s for s in quality.series if s.key == key), None)
     if found is None:
@@ -209,11 +219,12 @@ def render_calibration(profile: CalibrationProfile, path: str | None = None,
             percent(series.fit.rms_log_residual, 1) if series.fit.points else "-",
             str(len(series.skipped)) if series.skipped else "",
             percent(statistics.median(m.spread for m in series.measurements), 0) if series.measurements else "-",
+            _busy(series),
             _verdict(quality, series.key),
         ])
     columns = [Column("op"), Column("dtype"), Column("points", True), Column("best achieved", True),
                Column("of peak", True), Column("fitted efficiency"), Column("rms err", True),
-               Column("skipped", True), Column("spread", True), Column("quality")]
+               Column("skipped", True), Column("spread", True), Column("busy", True), Column("quality")]
     lines += ["", render_table(columns, rows)]
     lines.append("")
     lines.append("compute ops: fractions of the dtype's peak FLOP/s (of intensity x sustained bandwidth where "
