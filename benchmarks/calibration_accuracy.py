@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from advisor.calibration.profile import CalibrationProfile
-from advisor.calibration.runner import calibrate, cpu_target, roofline
+from advisor.calibration.runner import calibrate, cold_bytes, cpu_target, roofline
 from advisor.calibration.suite import COMPUTE_OPS, Case, case_cost, load_suite
 from advisor.calibration.timing import CPUClock, measure
 
@@ -101,7 +101,8 @@ def main() -> int:
         f"{'full' if args.full else 'quick'} calibration took {calibration_s:.1f} s, {calibration_s / baseline_s:.1f}x "
         f"the baseline in this process: one traced ResNet-50 training step (batch 32, fp32, AdamW), {baseline_s:.2f} s",
         f"each held-out op timed with perf_counter, median of >= {timing.min_samples} samples over >= "
-        f"{timing.min_time_s} s",
+        f"{timing.min_time_s} s, its operands out of the caches as the suite's (copies rotated over "
+        f"{cold_bytes(target) / 2**20:.0f} MiB)",
         "",
         f"{'op':15s} {'dtype':5s} {'shape':28s} {'measured':>10s} {'calibrated':>10s} {'error':>7s} "
         f"{'bare roof':>10s} {'error':>7s}",
@@ -110,7 +111,7 @@ def main() -> int:
     for case in HELD_OUT:
         cost = case_cost(case)
         with torch.no_grad():
-            sample = measure(case.build("cpu"), CPUClock(), timing)
+            sample = measure(case.build("cpu", cold_bytes(target)), CPUClock(), timing)
         predicted = calibrated_seconds(profile, case, cost.flops, cost.bytes)
         baseline = bare_seconds(profile, case, cost.flops, cost.bytes)
         error, bare_error = predicted / sample.seconds - 1, baseline / sample.seconds - 1

@@ -122,8 +122,9 @@ def predictions(code: Path, cache: Path, names: list[str]) -> dict[str, dict[str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_step(name: str, warm: int = 2, timed: int = 5) -> float:
-    """Median seconds of real training steps of the model."""
+def measure_step(name: str, warm_s: float = 0.5, timed_s: float = 1.5) -> float:
+    """Median seconds of real training steps of the model: at least 3 warm-up steps and `warm_s`
+    (allocator, thread pools and caches settle), then at least 5 timed steps and `timed_s`."""
     from advisor.profile.trace import call_model, default_loss, make_optimizer
     build, make_input, loss_fn, batch, optimizer_name = model_parts(name)
     torch.manual_seed(0)
@@ -131,14 +132,20 @@ def measure_step(name: str, warm: int = 2, timed: int = 5) -> float:
     model.train()
     optimizer = make_optimizer(optimizer_name, [p for p in model.parameters() if p.requires_grad])
     loss_fn = loss_fn or default_loss
-    times = []
-    for step in range(warm + timed):
+
+    def step() -> float:
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss_fn(call_model(model, inputs), inputs).backward()
         optimizer.step()
-        if step >= warm:
-            times.append(time.perf_counter() - started)
+        return time.perf_counter() - started
+
+    warm = [step() for _ in range(3)]
+    while sum(warm) < warm_s:
+        warm.append(step())
+    times = [step() for _ in range(5)]
+    while sum(times) < timed_s and len(times) < 200:
+        times.append(step())
     return statistics.median(times)
 
 
