@@ -402,7 +402,7 @@ def main() -> int:
     if args.part in ("published", "all"):
         rows, skipped = published_rows()
         summaries["published"] = summary_figures(rows, "training throughput of published single-GPU measurements "
-                                                 "(../shared/validation) against the prediction for that GPU")
+                                                 "(vendors' and labs' benchmark pages) against the prediction for that GPU")
         lines += ["", "2. Published single-GPU rows (../shared/validation/published-throughput.csv)", *table(rows),
                   "", *summary(rows, "published rows, all"),
                   *grouped(rows, lambda r: r.model, "by model:"),
