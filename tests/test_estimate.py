@@ -18,7 +18,7 @@ from advisor.calibration.suite import load_suite
 from advisor.cli.main import main
 from advisor.estimate import targets as targets_module
 from advisor.estimate.costs import Job, cloud_costs, electricity_usd, ownership, pareto_front
-from advisor.estimate.ops import classify, moved_bytes, wave_efficiency
+from advisor.estimate.ops import OpClass, classify, moved_bytes, wave_efficiency
 from advisor.estimate.plan import EstimateSettings, estimate_model, step_time
 from advisor.estimate.step import DeviceModel, estimate_records
 from advisor.estimate.targets import database_targets
@@ -99,6 +99,27 @@ def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
     assert measured.ops[0].host_s == pytest.approx(1e-5 + 99 * 1e-6)
     gpu = estimate_records([record], "fp32", DeviceModel("gpu", "gpu", synthetic_profile(), sm_count=None))
     assert gpu.ops[0].host_s == pytest.approx(1e-5) and gpu.step_s == pytest.approx(1e-5 + 16e-6)
+
+
+def test_a_depthwise_convolution_is_timed_by_its_own_series_or_falls_back_to_the_dense_one() -> None:
+    # depthwise 3x3 over x [1, 96, 56, 56]: 96 groups of (3136 x 1 x 9): 2*96*3136*9 = 5,419,008 FLOPs
+    flops = 2.0 * 96 * 3136 * 9
+    record = OpRecord("forward", "dw", "convolution", flops, 4 * (96 * 3136 + 96 * 9), 4 * 96 * 3136, ("float32",),
+                      True, True, (96, 3136, 1, 9))
+    backward = dataclasses.replace(record, op="convolution_backward", phase="backward")
+    assert classify(record, "fp32") == OpClass("conv_dw", "fp32", compute=True, vector=True)
+    assert classify(backward, "fp32").series == "conv_dw_backward"
+    base = synthetic_profile(dispatch_s=0.0)
+    slow = SeriesProfile("conv_dw", "fp32", "flops", 1e12, Fit(Curve.saturating(0.05, 1e-15), (), 0.0, 0))
+    with_dw = dataclasses.replace(base, series=(*base.series, slow))
+    device, dw_device = DeviceModel("cpu", "cpu", base), DeviceModel("cpu", "cpu", with_dw)
+    # 5,419,008 FLOPs over 4 x (301,056 + 864) + 4 x 301,056 = 2,411,904 B: intensity 2.2468 FLOP/B x 1e11
+    # B/s = 2.2468e11 FLOP/s roofline (below the 1e12 peak). Its own series at 5%: 482.4 us; without it
+    # the dense conv's fallback, gemm at 50%: 48.24 us
+    roof = flops / 2_411_904 * 1e11
+    assert estimate_records([record], "fp32", dw_device).ops[0].compute_s == pytest.approx(flops / (roof * 0.05))
+    assert estimate_records([record], "fp32", device).ops[0].compute_s == pytest.approx(flops / (roof * 0.5))
+    assert flops / (roof * 0.05) == pytest.approx(482.4e-6, rel=1e-3)
 
 
 def test_memory_bound_matmul_follows_the_roofline() -> None:

@@ -14,10 +14,14 @@ import yaml
 from advisor.calibration.curves import Curve, Fit
 from advisor.calibration.peaks import DTYPES, gpu_peaks
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
-from advisor.calibration.suite import COMPUTE_OPS, HOST_MEMORY_OPS, MEMORY_OPS
+from advisor.calibration.suite import HOST_MEMORY_OPS, MEMORY_OPS
 from advisor.hardware.loader import HwdbError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.paths import shipped_dir
+
+FAMILY_COMPUTE_OPS = ("gemm", "conv", "conv_backward")
+"""The compute series a documented GPU family gives factors for; depthwise convolutions (conv_dw) fall
+back to conv in the estimator, as on any profile without them."""
 
 FAMILY_KEYS = {"id", "name", "applies_to", "compute", "compute_ops", "memory", "overheads_s", "sources", "assumed",
                "notes"}
@@ -149,8 +153,9 @@ def _default_family(path: Path, raw: dict[str, Any], common: dict[str, Any], sou
                    for op, v in (raw.get("compute_ops") or common.get("compute_ops") or {}).items()}
     overheads = {name: _number(path, entry, f"overheads_s.{name}", v)
                  for name, v in (raw.get("overheads_s") or common.get("overheads_s") or {}).items()}
-    if set(compute_ops) != set(COMPUTE_OPS):
-        raise ReferenceError(path, f"needs a factor for each of {', '.join(COMPUTE_OPS)}", entry, "compute_ops")
+    if set(compute_ops) != set(FAMILY_COMPUTE_OPS):
+        raise ReferenceError(path, f"needs a factor for each of {', '.join(FAMILY_COMPUTE_OPS)}", entry,
+                             "compute_ops")
     return Family(
         id=entry,
         name=str(raw["name"]),
@@ -211,7 +216,7 @@ def reference_profile(gpu: GPUSpec, families: tuple[Family, ...]) -> Calibration
     for dtype, curve in family.compute.items():
         if dtype not in peaks.flops:
             continue
-        for op in COMPUTE_OPS:
+        for op in FAMILY_COMPUTE_OPS:
             scaled = Curve.saturating(curve.param("e_max") * family.compute_ops[op], curve.param("tau_half_s"), 1.0)
             series.append(SeriesProfile(op, dtype, "flops", peaks.flops[dtype], Fit(scaled, (), 0.0, 0),
                                         sources=family.sources))

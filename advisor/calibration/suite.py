@@ -27,7 +27,10 @@ MEMORY_OPS = ("copy", "scale", "triad", "reduction", "add", "gelu", "layer_norm"
 HOST_MEMORY_OPS = ("fresh_pages",)
 """Memory ops that only a CPU calibration measures: first touch of memory the allocator just got from
 the kernel (GPUs keep theirs in PyTorch's caching allocator)."""
-COMPUTE_OPS = ("gemm", "conv", "conv_backward")
+COMPUTE_OPS = ("gemm", "conv", "conv_backward", "conv_dw", "conv_dw_backward")
+CONV_OPS = ("conv", "conv_backward", "conv_dw", "conv_dw_backward")
+"""Convolutions: dense (one group or wide groups) and depthwise (`_dw`: channels-per-group too few for
+the dense kernels' tiles; a CPU runs them far below a dense convolution of the same FLOPs)."""
 LAUNCH_VARIANTS = ("dispatch", "autograd", "foreach")
 FOREACH_TENSORS = 64
 """The `foreach` launch case: one `_foreach_add_` over this many one-element tensors, whose time per
@@ -174,7 +177,7 @@ def _work(op: str, size: tuple[int, ...]) -> float:
     if op == "gemm":
         m, n, k = size
         return m * n * k
-    if op in ("conv", "conv_backward"):
+    if op in CONV_OPS:
         batch, cin, cout, hw, kernel, stride, groups = size
         return batch * cout * (hw // stride) ** 2 * cin / groups * kernel**2
     return size[0]
@@ -228,7 +231,7 @@ def _series(op: str, data: dict, where: str) -> Series:
             raise SuiteError(f"{where}.dtypes.{kind}: device kinds are {DEVICE_KINDS}, dtypes {DTYPES}")
         dtypes[kind] = tuple(names)
     sizes: dict[str, dict[str, tuple[tuple[int, ...], ...]]] = {}
-    arity = {"gemm": 3, "conv": 7, "conv_backward": 7}.get(op, 1)
+    arity = 3 if op == "gemm" else 7 if op in CONV_OPS else 1
     for kind, modes in (data.get("sizes") or {}).items():
         sizes[kind] = {}
         for mode in ("quick", "full"):
@@ -378,6 +381,8 @@ _BUILDERS: dict[str, Callable[[Case, torch.device, torch.dtype], Call]] = {
     "gemm": _gemm,
     "conv": _conv,
     "conv_backward": _conv_backward,
+    "conv_dw": _conv,
+    "conv_dw_backward": _conv_backward,
 }
 assert set(_BUILDERS) == set(OPS)
 

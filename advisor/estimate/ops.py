@@ -2,8 +2,9 @@
 math dtype, and how well its matrix product fills the device's SMs.
 
 The series names are those of the calibration suite (calibration/suite.yaml): compute ops "gemm",
-"conv", "conv_backward"; memory ops "copy", "scale", "triad", "reduction", "add", "gelu",
-"layer_norm", "softmax". Every aten op of a training step is timed by one of them.
+"conv", "conv_backward" (depthwise ones "conv_dw", "conv_dw_backward"); memory ops "copy", "scale",
+"triad", "reduction", "add", "gelu", "layer_norm", "softmax", "pool", "random". Every aten op of a
+training step is timed by one of them.
 """
 
 from __future__ import annotations
@@ -179,6 +180,10 @@ def memory_series(op: str) -> str:
     return "copy"
 
 
+DEPTHWISE_SERIES = {"conv": "conv_dw", "conv_backward": "conv_dw_backward"}
+"""The calibrated series of a small-group (depthwise) convolution and its backward."""
+
+
 def is_small_group_conv(record: OpRecord) -> bool:
     """A convolution with too few channels per group for tensor-core tiles (see SMALL_GROUP_CHANNELS)."""
     if record.gemm is None or record.op not in ALL_CONVOLUTIONS:
@@ -198,7 +203,7 @@ def classify(record: OpRecord, precision: str, cuda: bool = False) -> OpClass:
         else:
             series = "gemm"
         if is_small_group_conv(record):
-            return OpClass(series, "fp32", compute=True, vector=True)
+            return OpClass(DEPTHWISE_SERIES[series], "fp32", compute=True, vector=True)
         return OpClass(series, math_dtype(record, precision, cuda), compute=True)
     return OpClass(memory_series(record.op), storage_dtype(record), compute=False)
 

@@ -148,10 +148,20 @@ class StepTime:
                 "calibration_source": self.calibration_source, "top_ops": self.top_ops(top)}
 
 
+SERIES_FALLBACK = {
+    "gemm": ("gemm",),
+    "conv": ("conv", "gemm"),
+    "conv_backward": ("conv_backward", "gemm"),
+    "conv_dw": ("conv_dw", "conv", "gemm"),
+    "conv_dw_backward": ("conv_dw_backward", "conv_backward", "gemm"),
+}
+"""The series that time an op when its own is missing from a profile, in order (memory ops: copy)."""
+
+
 def _series(profile: CalibrationProfile, name: str, dtype: str) -> SeriesProfile:
     """The calibrated series for (name, dtype), falling back to the dtype the device runs it in, and
-    for a convolution to its GEMM."""
-    names = (name, "gemm") if name in ("conv", "conv_backward") else (name, "copy")
+    by SERIES_FALLBACK (a depthwise convolution to a dense one, a convolution to its GEMM)."""
+    names = SERIES_FALLBACK.get(name, (name, "copy"))
     for candidate in names:
         current: str | None = dtype
         while current is not None:
