@@ -118,7 +118,8 @@ building (drop-path rates from torch.linspace; issue #22). Their models stay lis
 
 def available() -> list[str]:
     """The held-out models whose library imports here (and that the tracer can build)."""
-    ok = {library: _imports(library) and library not in UNTRACEABLE for library in {m.library for m in HELDOUT.values()}}
+    libraries = {model.library for model in HELDOUT.values()}
+    ok = {library: library not in UNTRACEABLE and _imports(library) for library in libraries}
     return [name for name, model in HELDOUT.items() if ok[model.library]]
 
 

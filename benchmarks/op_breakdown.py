@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -76,11 +76,11 @@ def measure(parts: tuple, batch: int, optimizer_name: str, op_names: set[str], s
 
     def step(marked: bool) -> None:
         optimizer.zero_grad(set_to_none=True)
-        with record_function("forward") if marked else _null():
+        with record_function("forward") if marked else nullcontext():
             loss = loss_fn(call_model(model, inputs), inputs)
-        with record_function("backward") if marked else _null():
+        with record_function("backward") if marked else nullcontext():
             loss.backward()
-        with record_function("optimizer") if marked else _null():
+        with record_function("optimizer") if marked else nullcontext():
             optimizer.step()
 
     for _ in range(2):
@@ -125,14 +125,6 @@ def measure(parts: tuple, batch: int, optimizer_name: str, op_names: set[str], s
                     dict(phase_s))
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args: object) -> None:
-        return None
-
-
 def predicted_by_op(step: StepTime) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
     """(kernel seconds, host seconds) per (phase, op)."""
     kernel: dict[tuple[str, str], float] = defaultdict(float)
@@ -161,7 +153,8 @@ def report(name: str, measured: Measured, step: StepTime, top: int, count: dict[
     for phase in PHASES:
         ops = sum(v for k, v in measured.by_op.items() if k[0] == phase)
         pred = sum(kernel.get(k, 0) + host.get(k, 0) for k in kernel if k[0] == phase)
-        lines.append(f"  {phase:<9} ops measured {ops * 1e3:9.3f} ms, outside ops {measured.outside_s[phase] * 1e3:8.3f} ms"
+        outside = measured.outside_s[phase]
+        lines.append(f"  {phase:<9} ops measured {ops * 1e3:9.3f} ms, outside ops {outside * 1e3:8.3f} ms"
                      f" | predicted {pred * 1e3:9.3f} ms")
     return lines
 

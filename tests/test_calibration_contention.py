@@ -24,10 +24,10 @@ from advisor.calibration.contention import (
 from advisor.calibration.profile import CalibrationProfile, Contention
 from advisor.calibration.quality import gate
 from advisor.calibration.runner import calibrate
-from advisor.calibration.suite import Suite, load_suite
+from advisor.calibration.suite import Suite
 from advisor.cli.main import main
-from tests.calibration_fakes import ModelClock, busy_machine, steady_cases
-from tests.test_calibration_quality import CACHE, PEAKS, QUALITY_SUITE, STEADY
+from tests.calibration_fakes import ModelClock, busy_machine
+from tests.test_calibration_quality import CACHE, PEAKS, STEADY, suite  # noqa: F401 (suite: the fixture)
 
 SERIES_ORDER = ("launch/fp32", "copy/fp32", "add/fp32", "gemm/fp32", "conv/fp32")
 """QUALITY_SUITE's series in run order: the runner reads /proc/stat before and after each."""
@@ -67,15 +67,6 @@ def test_allowed_busy_cores_leaves_torch_threads_alone() -> None:
 
 
 # ---- the runner on a simulated machine ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Suite:
-    path = tmp_path / "suite.yaml"
-    path.write_text(QUALITY_SUITE)
-    loaded = load_suite(path)
-    steady_cases(monkeypatch)
-    return loaded
 
 
 def two_core_target(suite: Suite, clock: ModelClock) -> runner_module.Target:

@@ -272,9 +272,9 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
         if not again:
             break
         counter["total"] += sum(len(groups[key]) for key in again)
+        note = f" (again, {attempt} of {MAX_ATTEMPTS}: disturbed)"
         for key in again:
-            runs[key].merge(_measure_series(target, groups[key], timing, reference,
-                                            lambda case: tick(case, f" (again, {attempt} of {MAX_ATTEMPTS}: disturbed)")))
+            runs[key].merge(_measure_series(target, groups[key], timing, reference, lambda case: tick(case, note)))
     if progress:
         progress(counter["total"], counter["total"], "fitting")
     best = min(run.reference_s for run in runs.values() if run.reference_s is not None)
