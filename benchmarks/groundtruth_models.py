@@ -143,20 +143,8 @@ class TinyVGG(VGG16):
     """VGG16's forward over a few narrow layers (a dry run's VGG: the real one has 138M parameters)."""
 
     CONFIG = (8, "M", 16, "M")
-
-    def __init__(self) -> None:
-        nn.Module.__init__(self)
-        layers: list[nn.Module] = []
-        channels = 3
-        for item in self.CONFIG:
-            if item == "M":
-                layers.append(nn.MaxPool2d(2, 2))
-            else:
-                layers += [nn.Conv2d(channels, int(item), 3, padding=1), nn.ReLU(inplace=True)]
-                channels = int(item)
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(nn.Linear(channels * 7 * 7, 32), nn.ReLU(True), nn.Dropout(),
-                                        nn.Linear(32, 32), nn.ReLU(True), nn.Dropout(), nn.Linear(32, 10))
+    HIDDEN = 32
+    CLASSES = 10
 
 
 class TinyDenseNet(DenseNet121):

@@ -118,6 +118,8 @@ class ResNet(nn.Module):
 
 class VGG16(nn.Module):
     CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+    HIDDEN = 4096
+    CLASSES = 1000
 
     def __init__(self) -> None:
         super().__init__()
@@ -130,8 +132,10 @@ class VGG16(nn.Module):
                 layers += [nn.Conv2d(channels, int(item), 3, padding=1), nn.ReLU(inplace=True)]
                 channels = int(item)
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(),
-                                        nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 1000))
+        hidden = self.HIDDEN
+        self.classifier = nn.Sequential(nn.Linear(channels * 7 * 7, hidden), nn.ReLU(True), nn.Dropout(),
+                                        nn.Linear(hidden, hidden), nn.ReLU(True), nn.Dropout(),
+                                        nn.Linear(hidden, self.CLASSES))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.adaptive_avg_pool2d(self.features(x), 7)
