@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable, Input, Select, Static, TabbedContent
 
+from advisor.calibration.runner import Target
 from advisor.hardware.loader import load_hwdb
 from advisor.profile.background import can_fork
 from advisor.tui import machine_screen
@@ -306,17 +308,30 @@ def test_a_small_terminal_says_what_it_needs_and_80x24_hides_the_settings() -> N
     drive(scenario, size=(70, 20))
 
 
-def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def tiny_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: Callable[[Target], Target]) -> None:
+    """The machine screen calibrates into a cache under `tmp_path` with the real, tiny test suite, its
+    cases on a model clock: `model` wraps this CPU's target (a real run on a loaded VM may rightly be
+    refused by the quality gates)."""
     monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
     suite_file = tmp_path / "suite.yaml"
     suite_file.write_text(TINY_SUITE)
     original = machine_screen.load_suite
-    monkeypatch.setattr(machine_screen, "load_suite", lambda: original(suite_file))  # a real, tiny suite
-    # ... on a steady model of this CPU: a real run on a loaded VM may rightly be refused by the quality gates
+    monkeypatch.setattr(machine_screen, "load_suite", lambda: original(suite_file))
     steady_cases(monkeypatch)
     real_target = machine_screen.cpu_target
-    monkeypatch.setattr(machine_screen, "cpu_target", lambda suite: steady_cpu(real_target(suite)))
+    monkeypatch.setattr(machine_screen, "cpu_target", lambda suite: model(real_target(suite)))
+
+
+async def calibrate_on_machine_screen(pilot) -> str:
+    """Press `c` on the machine screen, wait for the calibration; its status line."""
+    await pilot.press("c")
+    await settled(pilot)
+    return str(pilot.app.screen.query_one("#calibration-status", Static).render())
+
+
+def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_calibration(tmp_path, monkeypatch, steady_cpu)
 
     async def scenario(app: AdvisorApp, pilot) -> None:
         await pilot.press("m")
@@ -325,10 +340,9 @@ def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Pa
         assert isinstance(screen, MachineScreen)
         table = screen.query_one("#local-devices", DataTable)
         assert table.get_row_at(0)[0] == "cpu" and table.get_row_at(0)[3].startswith("not calibrated")
-        await pilot.press("c")
-        await settled(pilot)
+        status = await calibrate_on_machine_screen(pilot)
         assert table.get_row_at(0)[3].startswith("measured (quick")
-        assert "stored the calibration of cpu" in str(screen.query_one("#calibration-status", Static).render())
+        assert "stored the calibration of cpu" in status
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, EstimateScreen)
@@ -337,23 +351,14 @@ def test_this_machine_lists_the_cpu_and_calibrates_it_with_progress(tmp_path: Pa
 
 
 def test_a_calibration_the_quality_gates_refuse_is_not_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
-    suite_file = tmp_path / "suite.yaml"
-    suite_file.write_text(TINY_SUITE)
-    original = machine_screen.load_suite
-    monkeypatch.setattr(machine_screen, "load_suite", lambda: original(suite_file))
-    steady_cases(monkeypatch)
-    real_target = machine_screen.cpu_target
     # the issue's busy VM: memory at 15.7 MB/s (below any memory system's 1 GB/s)
     busy = steady_seconds({"fp32": 20e9}, 15.7e6)
-    monkeypatch.setattr(machine_screen, "cpu_target", lambda suite: with_clock(real_target(suite), busy))
+    tiny_calibration(tmp_path, monkeypatch, lambda target: with_clock(target, busy))
 
     async def scenario(app: AdvisorApp, pilot) -> None:
         await pilot.press("m")
         await pilot.pause()
-        await pilot.press("c")
-        await settled(pilot)
-        status = str(app.screen.query_one("#calibration-status", Static).render())
+        status = await calibrate_on_machine_screen(pilot)
         assert status.startswith("not stored: the calibration of cpu failed its quality gates") and app.is_running
         table = app.screen.query_one("#local-devices", DataTable)
         assert table.get_row_at(0)[3].startswith("not calibrated (none stored)")
@@ -375,9 +380,7 @@ def test_a_cache_that_cannot_be_written_is_said_before_measuring(tmp_path: Path,
     async def scenario(app: AdvisorApp, pilot) -> None:
         await pilot.press("m")
         await pilot.pause()
-        await pilot.press("c")
-        await settled(pilot)
-        status = str(app.screen.query_one("#calibration-status", Static).render())
+        status = await calibrate_on_machine_screen(pilot)
         assert status.startswith("not stored: cannot store calibrations in") and app.is_running
 
     drive(scenario)
