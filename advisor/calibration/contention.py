@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from advisor.calibration.profile import Contention
+from advisor.calibration.profile import Contention, Fingerprint
 
 PROC_STAT = Path("/proc/stat")
 
@@ -105,9 +105,17 @@ def allowed_busy_cores(usable_cpus: int, torch_threads: int) -> float:
     return max(0, usable_cpus - torch_threads) + MARGIN_CORES
 
 
+def allowed_for(fingerprint: Fingerprint | None, kind: str) -> float | None:
+    """allowed_busy_cores() of the machine a profile was measured on: its CPU's cores and torch threads;
+    None for a GPU (other CPU programs do not slow its kernels) or a profile without a fingerprint."""
+    if kind != "cpu" or fingerprint is None:
+        return None
+    return allowed_busy_cores(fingerprint.cpu_cores, fingerprint.torch_threads)
+
+
 def disturbance(contention: Contention, allowed_cores: float | None) -> str | None:
     """Why a measurement taken under `contention` is not to be trusted, or None. `allowed_cores`:
-    allowed_busy_cores() on a CPU; None on a GPU, whose kernels other CPU programs do not slow."""
+    allowed_for() the device (None on a GPU: only the reference kernel counts)."""
     busy = contention.busy_cores
     if allowed_cores is not None and busy is not None and busy > allowed_cores:
         what = [f"other programs used {contention.others_cores:.2f} CPUs"]

@@ -41,7 +41,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from advisor.calibration.contention import allowed_busy_cores, disturbance
+from advisor.calibration.contention import allowed_for, disturbance
 from advisor.calibration.profile import REQUIRED_SERIES, CalibrationProfile, Contention, SeriesProfile
 
 ESSENTIAL_SERIES = REQUIRED_SERIES
@@ -264,10 +264,7 @@ def _contended(series: SeriesProfile, profile: CalibrationProfile, kind: str) ->
     while the reference kernel ran slow, in every attempt the runner made."""
     if series.contention is None:
         return []
-    fingerprint = profile.fingerprint
-    allowed = (allowed_busy_cores(fingerprint.cpu_cores, fingerprint.torch_threads)
-               if kind == "cpu" and fingerprint is not None else None)
-    reason = disturbance(series.contention, allowed)
+    reason = disturbance(series.contention, allowed_for(profile.fingerprint, kind))
     if reason is None:
         return []
     tries = series.contention.attempts

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from advisor.calibration.contention import (MAX_ATTEMPTS, ReferenceKernel, allowed_busy_cores, contention_between,
+from advisor.calibration.contention import (MAX_ATTEMPTS, ReferenceKernel, allowed_for, contention_between,
                                             cpu_snapshot, disturbance)
 from advisor.calibration.curves import fit_curve
 from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks
@@ -162,7 +162,6 @@ class _SeriesRun:
     slows a call down), the cases no attempt measured, and the contention of the attempt measured
     under the least of it."""
 
-    cases: list[Case]
     results: dict[str, _Result]
     skipped: dict[str, tuple[Case, str]]
     contention: Contention
@@ -177,13 +176,13 @@ class _SeriesRun:
         for label, skip in other.skipped.items():
             if label not in self.results:
                 self.skipped[label] = skip
-        if _badness(other.contention, other.reference_s) <= _badness(self.contention, self.reference_s):
+        if other.disturbance_key() <= self.disturbance_key():
             self.contention, self.reference_s = other.contention, other.reference_s
         self.attempts += 1
 
-
-def _badness(contention: Contention, reference_s: float | None) -> float:
-    return (contention.busy_cores or 0.0) + (reference_s or 0.0) * 1e-3
+    def disturbance_key(self) -> tuple[float, float]:
+        """Orders attempts from the least disturbed: CPUs others took, then the reference kernel's time."""
+        return (self.contention.busy_cores or 0.0, self.reference_s or 0.0)
 
 
 REFERENCE_CASE = Case("gemm", "fp32", (256, 256, 256))
@@ -225,7 +224,7 @@ def _measure_series(target: Target, cases: list[Case], timing: Timing, reference
             del call
         results[case.label] = _Result(case, cost.flops, cost.bytes, sample)
         rate = _rate_for_skipping(case, work / sample.seconds, rate)
-    return _SeriesRun(cases, results, skipped, contention_between(before, cpu_snapshot()), reference_s)
+    return _SeriesRun(results, skipped, contention_between(before, cpu_snapshot()), reference_s)
 
 
 COLD_OVER_CACHE = 2.0
@@ -255,8 +254,7 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
     groups: dict[str, list[Case]] = {}
     for case in cases:
         groups.setdefault(case.series, []).append(case)
-    allowed = (allowed_busy_cores(target.fingerprint.cpu_cores, target.fingerprint.torch_threads)
-               if target.kind == "cpu" else None)
+    allowed = allowed_for(target.fingerprint, target.kind)
     reference = _reference_kernel(target)
     counter = {"done": 0, "total": len(cases)}
 
@@ -280,7 +278,8 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
     best = min(run.reference_s for run in runs.values() if run.reference_s is not None)
     results = [run.results[case.label] for key, run in runs.items() for case in groups[key]
                if case.label in run.results]
-    skipped = [run.skipped[case.label] for run in runs.values() for case in run.cases if case.label in run.skipped]
+    skipped = [run.skipped[case.label] for key, run in runs.items() for case in groups[key]
+               if case.label in run.skipped]
     contention = {key: replace(run.contention, attempts=run.attempts,
                                reference_slowdown=None if run.reference_s is None
                                else round(run.reference_s / best, 3))
