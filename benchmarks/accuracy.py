@@ -165,26 +165,35 @@ def cpu_cases() -> list[CPUCase]:
     ]
 
 
-def measure_cpu_step(case: CPUCase, warm: int = 2, timed: int = 7) -> float:
-    """Median seconds of `timed` real training steps after `warm` ones."""
+def timed_step(parts: ModelParts, batch: int, precision: str, optimizer_name: str) -> Callable[[], float]:
+    """The model built once for real training steps: each call runs one step (zero_grad; forward and
+    loss, under CPU autocast for the amp precisions; backward; optimizer step) and returns its seconds."""
     torch.manual_seed(0)
-    build, make_input, loss_fn = case.parts
-    model, inputs = cast_model_and_inputs(build(), make_input(case.batch), case.precision)
+    build, make_input, loss_fn = parts
+    model, inputs = cast_model_and_inputs(build(), make_input(batch), precision)
     model.train()
-    optimizer = make_optimizer(case.optimizer, [p for p in model.parameters() if p.requires_grad])
+    optimizer = make_optimizer(optimizer_name, [p for p in model.parameters() if p.requires_grad])
     loss_fn = loss_fn or default_loss
-    autocast = case.precision.startswith("amp")
-    times = []
-    for step in range(warm + timed):
+    autocast = precision.startswith("amp")
+
+    def step() -> float:
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = loss_fn(call_model(model, inputs), inputs)
         loss.backward()
         optimizer.step()
-        if step >= warm:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        return time.perf_counter() - started
+
+    return step
+
+
+def measure_cpu_step(case: CPUCase, warm: int = 2, timed: int = 7) -> float:
+    """Median seconds of `timed` real training steps after `warm` ones."""
+    step = timed_step(case.parts, case.batch, case.precision, case.optimizer)
+    for _ in range(warm):
+        step()
+    return statistics.median(step() for _ in range(timed))
 
 
 def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str) -> StepTrace:

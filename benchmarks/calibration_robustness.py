@@ -7,8 +7,9 @@ For each load (0, 1, 2 busy processes spinning beside it; `--busy`), this run:
    behaviour"), each in its own process;
 2. measures real training steps of each model (median of timed steps after warm-up) under the same load;
 3. predicts each model's step from each stored profile (in a process running that code's tracer and
-   estimator), and prints the errors, their median and worst, beside a bare roofline of the same trace
-   (75% of the fp32 peak and of the sustained bandwidth measured by this tree's calibration).
+   estimator), and prints the errors, their median and worst, beside the bare roofline of
+   benchmarks/accuracy.py on the same trace (75% of the peaks and of the sustained bandwidth measured
+   by that calibration).
 
 Models: benchmarks/heldout.py (torchvision, timm, transformers, a wide MLP; those whose library
 imports here) and the MLP example. A load's figures are comparable only within that load.
@@ -37,11 +38,11 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from accuracy import bare_roofline_seconds, timed_step  # noqa: E402
 from heldout import available, model_parts  # noqa: E402
 
 DEFAULT_BASELINE = "ecabff8"
 """The last commit before contention detection and cold operands (2026-11-23)."""
-BARE_EFFICIENCY = 0.75
 
 
 @dataclass(frozen=True)
@@ -67,21 +68,18 @@ def predict(names: list[str]) -> dict[str, dict[str, float]]:
     from advisor.calibration.cache import load_profile
     from advisor.calibration.runner import cpu_target
     from advisor.calibration.suite import load_suite
-    from advisor.estimate.ops import classify
     from advisor.estimate.step import DeviceModel, estimate_records
     from advisor.profile.trace import trace_training_step
 
     cached = load_profile("cpu", cpu_target(load_suite()).fingerprint)
     assert cached.profile is not None, cached.problem
     device = DeviceModel("local-cpu", "cpu", cached.profile)
-    fp32 = cached.profile.peaks.flops.get("fp32") or 1e11
-    bandwidth = cached.profile.sustained_bandwidth_bytes_per_s
+    peaks, bandwidth = cached.profile.peaks.flops, cached.profile.sustained_bandwidth_bytes_per_s
     out = {}
     for name in names:
         build, make_input, loss_fn, batch, optimizer = model_parts(name)
         trace = trace_training_step(build, make_input, batch, "fp32", optimizer, loss_fn)
-        bare = sum(max(r.flops / (BARE_EFFICIENCY * fp32) if classify(r, "fp32").compute else 0.0,
-                       (r.bytes_read + r.bytes_written) / (BARE_EFFICIENCY * bandwidth)) for r in trace.records)
+        bare = bare_roofline_seconds(trace.records, "fp32", peaks, bandwidth, gpu=False)
         out[name] = {"ours": estimate_records(trace.records, "fp32", device).step_s, "bare": bare}
     return out
 
@@ -125,21 +123,8 @@ def predictions(code: Path, cache: Path, names: list[str]) -> dict[str, dict[str
 def measure_step(name: str, warm_s: float = 0.5, timed_s: float = 1.5) -> float:
     """Median seconds of real training steps of the model: at least 3 warm-up steps and `warm_s`
     (allocator, thread pools and caches settle), then at least 5 timed steps and `timed_s`."""
-    from advisor.profile.trace import call_model, default_loss, make_optimizer
-    build, make_input, loss_fn, batch, optimizer_name = model_parts(name)
-    torch.manual_seed(0)
-    model, inputs = build(), make_input(batch)
-    model.train()
-    optimizer = make_optimizer(optimizer_name, [p for p in model.parameters() if p.requires_grad])
-    loss_fn = loss_fn or default_loss
-
-    def step() -> float:
-        started = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(call_model(model, inputs), inputs).backward()
-        optimizer.step()
-        return time.perf_counter() - started
-
+    build, make_input, loss_fn, batch, optimizer = model_parts(name)
+    step = timed_step((build, make_input, loss_fn), batch, "fp32", optimizer)
     warm = [step() for _ in range(3)]
     while sum(warm) < warm_s:
         warm.append(step())
