@@ -72,6 +72,19 @@ def test_compute_and_memory_ops_by_hand_on_a_cpu() -> None:
     assert step.bound == "compute"
 
 
+def test_a_cpu_gemm_pays_the_packing_of_its_second_operand() -> None:
+    profile = synthetic_profile()
+    packed = SeriesProfile("gemm", "fp32", "flops", 1e12, FLAT, pack_bandwidth_bytes_per_s=8e9)
+    device = DeviceModel("cpu", "cpu", dataclasses.replace(profile, series=(packed, *profile.series[1:])))
+    # mm 64x1024x1024: 2*64*1024*1024 = 134,217,728 FLOPs at 5e11 FLOP/s = 268.4 us, plus the 1024x1024
+    # fp32 operand packed at 8 GB/s: 1024*1024*4 / 8e9 = 524.3 us -> 792.7 us
+    thin, vector = estimate_records([mm(64, 1024, 1024), mm(1, 1024, 1024)], "fp32", device).ops
+    assert thin.kernel_s == pytest.approx(268.435456e-6 + 524.288e-6)
+    # a matrix-vector product (m = 1) is not packed: 2*1024*1024 FLOPs over (1024*1024 + 2*1024)*4 B is
+    # 0.5 FLOP/B, a roofline of 0.5 x 1e11 B/s, at 50%: the bytes at 5e10 B/s = 84.05 us
+    assert vector.kernel_s == pytest.approx((1024 * 1024 + 1024 + 1024) * 4 / 5e10)
+
+
 def test_gpu_queues_kernels_behind_the_host() -> None:
     device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
     # Big op first: the device waits 10 us for it, then the host's next 10 us hide under its 4 ms.

@@ -18,6 +18,8 @@ from advisor.calibration.peaks import DevicePeaks
 
 STATUSES = ("measured", "default")
 AXES = ("flops", "bytes")
+PACKED_MIN_ROWS = 2
+"""A GEMM with fewer rows (M) is a matrix-vector product, which BLAS libraries run without packing."""
 REQUIRED_SERIES = ("gemm/fp32", "copy/fp32")
 """Every measured profile has these (the suite's first GEMM and copy sizes always run), and estimates
 fall back to them for ops and dtypes a profile lacks."""
@@ -137,6 +139,10 @@ def _optional_number(value: object) -> float | None:
     return None if value is None else number(value)
 
 
+def _optional_positive(value: object) -> float | None:
+    return None if value is None else number(value, positive=True)
+
+
 @dataclass(frozen=True)
 class Skipped:
     label: str
@@ -168,9 +174,16 @@ class SeriesProfile:
     """For a documented default: where its figures come from (hwdb/sources.yaml ids)."""
     contention: Contention | None = None
     """What competed for the device while this series was measured (None: not recorded)."""
+    pack_bandwidth_bytes_per_s: float | None = None
+    """GEMM series on a CPU (issue #20): the rate at which the BLAS copies each matrix's second operand
+    (K x N) into its packed layout before multiplying, a serial cost every call pays once and only a
+    call with many rows (M) amortises: at rest on a 2-core EPYC VM a 64x1024x1024 GEMM ran at 123
+    GFLOP/s where 1024x1024x1024 ran at 202. Fitted from the suite's thin cases (packing.py); None: no
+    such term (GPUs, profiles measured without thin cases, or a fit it did not improve)."""
 
     def __post_init__(self) -> None:
         assert self.axis in AXES, self.axis
+        assert self.pack_bandwidth_bytes_per_s is None or self.pack_bandwidth_bytes_per_s > 0, self
 
     @property
     def key(self) -> str:
@@ -179,6 +192,15 @@ class SeriesProfile:
     def efficiency(self, work: float) -> float:
         """Fitted fraction of the reference for one call of `work` FLOPs or bytes."""
         return self.fit.curve.efficiency(work, self.peak)
+
+    def pack_seconds(self, gemm: tuple[int, int, int, int], itemsize: int) -> float:
+        """Seconds of packing the second operands of a (batch, m, n, k) GEMM of `itemsize`-byte elements:
+        batch x k x n elements at the fitted pack bandwidth; 0 without one, and for a matrix-vector
+        product (m = 1), which BLAS runs unpacked."""
+        batch, m, n, k = gemm
+        if self.pack_bandwidth_bytes_per_s is None or m < PACKED_MIN_ROWS:
+            return 0.0
+        return batch * k * n * itemsize / self.pack_bandwidth_bytes_per_s
 
     def measured(self, label: str) -> Measurement | None:
         """The measurement of the case with this label ("1024x1024x1024", "256 MiB")."""
@@ -203,12 +225,13 @@ class SeriesProfile:
             "skipped": [s.to_dict() for s in self.skipped],
             "sources": list(self.sources),
             "contention": None if self.contention is None else self.contention.to_dict(),
+            "pack_bandwidth_bytes_per_s": self.pack_bandwidth_bytes_per_s,
         }
 
     @classmethod
     def from_dict(cls, data: object) -> SeriesProfile:
         entry = Fields(data, ("op", "dtype", "axis", "peak", "fit"), ("measurements", "skipped", "sources",
-                                                                    "contention"))
+                                                                    "contention", "pack_bandwidth_bytes_per_s"))
         axis = entry.text("axis")
         if axis not in AXES:
             raise MalformedProfile("axis", f"{shown(axis)} is not one of {', '.join(AXES)}")
@@ -222,6 +245,7 @@ class SeriesProfile:
             entry.optional("skipped", lambda value: each(value, Skipped.from_dict), ()),
             entry.texts("sources"),
             entry.optional("contention", Contention.from_dict, None),
+            entry.optional("pack_bandwidth_bytes_per_s", _optional_positive, None),
         )
 
 

@@ -19,11 +19,13 @@ import torch
 from advisor.calibration.contention import (MAX_ATTEMPTS, ReferenceKernel, allowed_for, contention_between,
                                             cpu_snapshot, disturbance)
 from advisor.calibration.curves import fit_curve
+from advisor.calibration.packing import fit_gemm
 from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks
 from advisor.calibration.profile import (CalibrationProfile, Conditions, Contention, Fingerprint, Measurement,
                                          SeriesProfile,
                                          Skipped)
-from advisor.calibration.suite import COMPUTE_OPS, FOREACH_TENSORS, MEMORY_OPS, Case, Suite, Timing, case_cost
+from advisor.calibration.suite import (COMPUTE_OPS, FOREACH_TENSORS, MEMORY_OPS, TORCH_DTYPES, Case, Suite, Timing,
+                                      case_cost)
 from advisor.calibration.timing import Clock, CPUClock, CUDAClock, HostClock, Sample, measure
 from advisor.errors import UserError
 from advisor.hardware.matching import match_gpu_name
@@ -392,7 +394,14 @@ def _compute_series(op: str, dtype: str, points: list[_Result], peak: float, ban
                     skipped: tuple[Skipped, ...]) -> SeriesProfile:
     roofs = [roofline(peak, r.flops / r.bytes, bandwidth) for r in points]
     fractions = [r.flops / r.sample.seconds / roof for r, roof in zip(points, roofs)]
-    fit = fit_curve("saturating", [roofline_work(r.flops, peak, roof) for r, roof in zip(points, roofs)],
-                    fractions, peak)
+    works = [roofline_work(r.flops, peak, roof) for r, roof in zip(points, roofs)]
+    pack_bandwidth = None
+    if op == "gemm":
+        fit, pack_bandwidth = fit_gemm([r.case.size for r in points], [r.flops for r in points],
+                                       [r.sample.seconds for r in points], roofs, works, peak,
+                                       TORCH_DTYPES[dtype].itemsize)
+    else:
+        fit = fit_curve("saturating", works, fractions, peak)
     measurements = tuple(_measurement(r, f) for r, f in zip(points, fractions))
-    return SeriesProfile(op, dtype, "flops", peak, fit, measurements, skipped)
+    return SeriesProfile(op, dtype, "flops", peak, fit, measurements, skipped,
+                         pack_bandwidth_bytes_per_s=pack_bandwidth)

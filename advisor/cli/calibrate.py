@@ -161,7 +161,9 @@ def _rate(value: float, axis: str) -> str:
 def _fit_summary(series: SeriesProfile) -> str:
     curve = series.fit.curve
     if curve.kind == "saturating":
-        return f"{percent(curve.param('e_max'), 0)} large, half at {duration(curve.param('tau_half_s'))}"
+        packing = series.pack_bandwidth_bytes_per_s
+        packs = "" if packing is None else f", packs {si(packing, 'B/s')}"
+        return f"{percent(curve.param('e_max'), 0)} large, half at {duration(curve.param('tau_half_s'))}{packs}"
     return (f"{percent(curve.param('e_far'), 0)} beyond {si(curve.param('capacity_bytes'), 'B')}, "
             f"{percent(curve.param('e_near'), 0)} within")
 

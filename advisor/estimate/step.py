@@ -241,6 +241,8 @@ class _OpTimer:
         filled = flops / waves
         attainable = roofline(peak, intensity, self.bandwidth)
         compute = filled / (attainable * series.efficiency(roofline_work(filled, peak, attainable)))
+        if record.gemm is not None and record.conv is None and not kind.vector:
+            compute += series.pack_seconds(record.gemm, TORCH_DTYPES[kind.dtype].itemsize)
         memory = moved / self.bandwidth
         if kind.vector:
             memory = self._memory_seconds("add", "fp32", moved)
