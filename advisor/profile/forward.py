@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from advisor.errors import UserError
 from advisor.probe.cpu import available_memory_bytes
+from advisor.profile.build import weights_on_meta
 from advisor.profile.costs import op_cost
 from advisor.profile.trace import call_model, fake_tensor_log_silenced
 from advisor.profile.user_code import UserCodeError, user_code
@@ -304,6 +305,23 @@ def _build(build_model: Callable[[], torch.nn.Module], example_input: Callable[[
     return model, inputs
 
 
+def _build_on_meta(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],
+                   batch_size: int, source: str | None) -> tuple[torch.nn.Module, Any]:
+    """The model and its input on the meta device: built under torch.device("meta"), or, when its
+    constructor computes with tensor values there (timm's drop-path rates), on real tensors with its
+    weights moved to the meta device as they are registered (build.weights_on_meta)."""
+    try:
+        with torch.device("meta"):
+            return _build(build_model, example_input, batch_size, source)
+    except UserCodeError:
+        with user_code("build_model()", source), weights_on_meta():
+            model = build_model()
+        with user_code(f"example_input({batch_size})", source), torch.device("meta"):
+            inputs = example_input(batch_size)
+        model.train()
+        return model, inputs
+
+
 def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],
                     batch_size: int, source: str | None = None,
                     forward_bytes: int | None = None) -> ForwardProfile:
@@ -313,8 +331,7 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
     TorchScript tracer; models that read their input values) it runs on real CPU tensors without
     autograd, if the weights and `forward_bytes` (what the forward writes, from the trace) fit in
     a quarter of the available memory; otherwise it raises a UserError that says so."""
-    with torch.device("meta"):
-        model, inputs = _build(build_model, example_input, batch_size, source)
+    model, inputs = _build_on_meta(build_model, example_input, batch_size, source)
     try:
         return _analyse(model, inputs, "meta", source)
     except UserError as meta_error:

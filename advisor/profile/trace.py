@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from advisor.errors import UserError
 from advisor.profile.choices import OPTIMIZERS, PRECISIONS
 from advisor.profile.background import backward_runs_here
+from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.user_code import TorchWouldRaise, user_code
@@ -118,6 +119,9 @@ class StepTrace:
     """Modules run under activation checkpointing (their activations are recomputed in backward)."""
     accumulate_gradients: bool = False
     """Gradients of earlier micro-batches were alive through the step (gradient accumulation)."""
+    construction: str = "fake"
+    """How the model was built: "fake" (inside FakeTensorMode) or "meta" (its constructor computes with
+    tensor values: built on real tensors with its weights on the meta device, build.py)."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -408,6 +412,12 @@ class _Setup:
     source: str | None
     checkpointing: bool
     accumulate_gradients: bool
+    construction: str = "fake"
+    """How build_model() runs: "fake" (inside FakeTensorMode) or "meta" (build.weights_on_meta)."""
+
+
+class _ConstructorNeedsValues(Exception):
+    """build_model() computed with a tensor's values inside FakeTensorMode: build it on meta weights."""
 
 
 def check_step_settings(precision: str, optimizer: str, batch_size: int | None = None) -> None:
@@ -444,6 +454,15 @@ def trace_training_step(
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
                    checkpointing, accumulate_gradients)
     try:
+        return _trace_with_either_inputs(setup)
+    except _ConstructorNeedsValues:
+        return _trace_with_either_inputs(replace(setup, construction="meta"))
+
+
+def _trace_with_either_inputs(setup: _Setup) -> StepTrace:
+    """The step on fake inputs, or, when the model reads their values, on real ones."""
+    source = setup.source
+    try:
         with fake_tensor_log_silenced():
             return _trace(setup, real_inputs=False)
     except DATA_DEPENDENT_ERRORS:
@@ -465,12 +484,11 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
     if real_inputs:  # real tensors, made before fake mode starts; their fake twins are made on use
         with user_code(f"example_input({batch_size})", source):
             inputs = setup.example_input(batch_size)
+    on_meta = _build_on_meta(setup) if setup.construction == "meta" else None
     with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode, LiveMemoryTracker() as memory:
-        with user_code("build_model()", source), module_conversions_on_fake_tensors():
-            model = setup.build_model()
-        if not isinstance(model, torch.nn.Module):
-            raise UserError(f"{source or 'the model file'}: build_model() returned {type(model).__name__}, "
-                            "not a torch.nn.Module")
+        model = _build_on_fake(setup) if on_meta is None else on_meta
+        if on_meta is not None:
+            fake_twins(model)
         if not real_inputs:
             with user_code(f"example_input({batch_size})", source):
                 inputs = setup.example_input(batch_size)
@@ -515,7 +533,32 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
                      tuple(recorder.records), "fake+real-inputs" if real_inputs else "fake",
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
-                     setup.accumulate_gradients)
+                     setup.accumulate_gradients, setup.construction)
+
+
+def _build_on_fake(setup: _Setup) -> torch.nn.Module:
+    """build_model() inside the current FakeTensorMode; _ConstructorNeedsValues when it computes with
+    a tensor's values (see build.py)."""
+    try:
+        with user_code("build_model()", setup.source, DATA_DEPENDENT_ERRORS), module_conversions_on_fake_tensors():
+            model = setup.build_model()
+    except DATA_DEPENDENT_ERRORS as exc:
+        raise _ConstructorNeedsValues from exc
+    return _checked_model(model, setup.source)
+
+
+def _build_on_meta(setup: _Setup) -> torch.nn.Module:
+    """build_model() on real tensors with its weights on the meta device (build.weights_on_meta)."""
+    with user_code("build_model()", setup.source), weights_on_meta():
+        model = setup.build_model()
+    return _checked_model(model, setup.source)
+
+
+def _checked_model(model: object, source: str | None) -> torch.nn.Module:
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"{source or 'the model file'}: build_model() returned {type(model).__name__}, "
+                        "not a torch.nn.Module")
+    return model
 
 
 def _forward(model: torch.nn.Module, inputs: Any, setup: _Setup) -> torch.Tensor:

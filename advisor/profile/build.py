@@ -1,0 +1,123 @@
+"""Build a user's model without storage for its weights, even when its constructor computes with tensors.
+
+The tracer builds models inside FakeTensorMode: parameters get shapes and no storage. Constructors that
+compute a small value for real fail there: timm's `torch.linspace(0, rate, depth).tolist()` (drop-path
+rates of ViT, ConvNeXt, Swin), RegNet's `torch.unique`, `trunc_normal_` on torch 2.15 (HF ViT,
+torchvision Inception), all of which need values a fake tensor does not have (issue #22).
+
+Such a model is built the way accelerate's `init_empty_weights(include_buffers=True)` and torch's meta
+device build large models: the constructor runs on real CPU tensors, so its small computations have
+values, while every parameter and buffer moves to the meta device the moment it is registered (no
+storage; initialisers such as `normal_` cost nothing there), and factory calls of training size
+(LARGE_FACTORY_ELEMENTS and up) are made on the meta device directly. The tracer then gives each meta
+parameter and buffer a fake twin (`fake_twins`), keeping tied weights tied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+LARGE_FACTORY_ELEMENTS = 1 << 24
+"""A tensor factory call (`torch.zeros`, `randn`, ...) of at least this many elements (64 MiB of fp32)
+is made on the meta device even outside a parameter: a constructor's own computations are small."""
+
+_FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint})
+
+
+def _requested_elements(func: Callable, args: tuple, kwargs: dict) -> int:
+    """Elements a factory call asks for: its size, given as ints or as one sequence (randint's size
+    comes after its bounds; `full` has a fill value after it)."""
+    size = kwargs.get("size")
+    if size is None:
+        if func is torch.randint:
+            size = next((a for a in args if isinstance(a, (tuple, list, torch.Size))), None)
+        elif args and isinstance(args[0], (tuple, list, torch.Size)):
+            size = args[0]
+        else:
+            size = [a for a in args if isinstance(a, int) and not isinstance(a, bool)] if func is not torch.full else ()
+    try:
+        return math.prod(int(s) for s in size) if size is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+class _LargeFactoriesOnMeta(TorchFunctionMode):
+    """Factory calls of LARGE_FACTORY_ELEMENTS or more without a device are made on the meta device."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in _FACTORIES and kwargs.get("device") is None and _requested_elements(func, args, kwargs) >= LARGE_FACTORY_ELEMENTS:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def _to_meta_parameter(param: torch.nn.Parameter) -> torch.nn.Parameter:
+    """`param` on the meta device, of its own class and attributes; a parameter already there is kept
+    as it is (the same object: `decoder.weight = embed.weight` ties stay ties)."""
+    if param.device.type == "meta":
+        return param
+    attributes = dict(param.__dict__)
+    moved = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
+    moved.__dict__.update(attributes)
+    return moved
+
+
+@contextmanager
+def weights_on_meta() -> Iterator[None]:
+    """Every parameter and buffer registered meanwhile moves to the meta device as it is registered;
+    large factory calls are made there too (see the module docstring)."""
+    register_parameter = torch.nn.Module.register_parameter
+    register_buffer = torch.nn.Module.register_buffer
+
+    def register_meta_parameter(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register_parameter(module, name, param)
+        if param is not None:
+            module._parameters[name] = _to_meta_parameter(module._parameters[name])
+
+    def register_meta_buffer(module: torch.nn.Module, name: str, tensor: torch.Tensor | None,
+                             persistent: bool = True) -> None:
+        register_buffer(module, name, tensor, persistent=persistent)
+        if tensor is not None:
+            module._buffers[name] = module._buffers[name].to("meta")
+
+    torch.nn.Module.register_parameter = register_meta_parameter  # type: ignore[method-assign]
+    torch.nn.Module.register_buffer = register_meta_buffer  # type: ignore[method-assign]
+    try:
+        with _LargeFactoriesOnMeta():
+            yield
+    finally:
+        torch.nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+        torch.nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
+
+
+def fake_twins(model: torch.nn.Module, device: str = "cpu") -> None:
+    """Replace every parameter and buffer of `model` by a tensor of the same shape, strides, dtype and
+    class made on `device` (call it inside FakeTensorMode: a fake tensor). A tensor registered in several
+    modules gets one twin, registered in all of them."""
+    twins: dict[int, torch.Tensor] = {}
+
+    def twin(tensor: torch.Tensor) -> torch.Tensor:
+        found = twins.get(id(tensor))
+        if found is None:
+            data = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+            if isinstance(tensor, torch.nn.Parameter):
+                found = type(tensor)(data, requires_grad=tensor.requires_grad)
+                found.__dict__.update(tensor.__dict__)
+            else:
+                found = data
+            twins[id(tensor)] = found
+        return found
+
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                module._parameters[name] = twin(param)
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = twin(buffer)
