@@ -98,3 +98,21 @@ def test_fvcore_profiles_such_a_model_too() -> None:
     assert profile.device == "meta"
     # the same matmuls as the trace's forward: 37,888 FLOPs
     assert profile.by_operator["linear"] == 37_888
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_pure_low_precision_keeps_tied_weights_tied(precision: str) -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 16)
+            self.head = nn.Linear(16, 10, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(tokens))
+
+    trace = trace_training_step(Tied, tokens, 2, precision, "adamw", lambda out, _: out.float().sum())
+    assert trace.params == 10 * 16  # one 10x16 matrix, not two
+    # weights: the one matrix in 2-byte floats, 160 * 2 = 320 bytes
+    assert trace.memory.total("weights") == 320
