@@ -15,6 +15,7 @@ from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
 from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
 from advisor.profile.model_file import ModelFile
+from advisor.profile.coverage import coverage_of
 from advisor.profile.trace import StepTrace
 
 Progress = Callable[[str], None]
@@ -197,6 +198,7 @@ class Estimate:
                 "pareto": [r.id for r in self.pareto()],
             },
             "results": [r.to_dict(top_ops) for r in self.results],
+            "coverage": coverage_of(trace).to_dict(),
         }
 
 
@@ -245,15 +247,21 @@ def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateT
         trace, second = trace_both_batches(model, memory_settings, trace, progress)
     assert second.batch_size == 2 * trace.batch_size == 2 * memory_settings.traced_batch
     step, batch_model = step_memory(trace, second)
+    cpu_trace, cpu_batch_model, cpu_step = trace, batch_model, step
+    if trace.fused_attention_dropout and any(target.device.kind != "gpu" for target in targets):
+        # a CPU runs attention with dropout on its math path (profile/attention.py): traced that way
+        cpu_trace, cpu_second = trace_both_batches(model, memory_settings, None, progress, attention="cpu")
+        cpu_step, cpu_batch_model = step_memory(cpu_trace, cpu_second)
     progress(f"estimating {len(targets)} devices")
     results = []
     # A CPU has no caching allocator: its peak is the tensors' peak.
-    cpu_step = replace(step, allocated=step.tensor_peak, reserved=step.tensor_peak)
+    cpu_step = replace(cpu_step, allocated=cpu_step.tensor_peak, reserved=cpu_step.tensor_peak)
     for target in targets:
         if target.device.kind == "gpu":
             memory = device_memory(step, target, target.memory_overhead, batch_model,
                                    memory_settings.cuda_context_bytes)
+            results.append(estimate_device(trace, settings, target, memory, db))
         else:
-            memory = device_memory(cpu_step, target, target.memory_overhead, batch_model)
-        results.append(estimate_device(trace, settings, target, memory, db))
+            memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
+            results.append(estimate_device(cpu_trace, settings, target, memory, db))
     return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh)

@@ -12,6 +12,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, can_fork
+from advisor.profile.coverage import coverage_of
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace, trace_training_step
 
@@ -88,44 +89,47 @@ class MemoryPlan:
             "checkpointed": list(self.checkpointed),
             "parameter_formula_bytes": self.parameter_formula_bytes,
             "results": [r.to_dict() for r in self.results],
+            "coverage": None if self.trace is None else coverage_of(self.trace).to_dict(),
         }
 
 
-def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int) -> StepTrace:
-    """One traced step of `model` at `batch_size` samples per forward, with the settings' options."""
+def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int,
+                     attention: str = "cuda") -> StepTrace:
+    """One traced step of `model` at `batch_size` samples per forward, with the settings' options;
+    attention with dropout as GPUs run it, unless `attention` is "cpu" (profile/attention.py)."""
     return trace_training_step(model.build_model, model.example_input, batch_size, settings.precision,
                                settings.optimizer, model.loss_fn, model.source,
                                checkpointing=settings.checkpointing,
-                               accumulate_gradients=settings.accumulate_gradients)
+                               accumulate_gradients=settings.accumulate_gradients, attention=attention)
 
 
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
                        progress: Callable[[str], None] = lambda message: None,
-                       parallel: bool = True) -> tuple[StepTrace, StepTrace]:
+                       parallel: bool = True, attention: str = "cuda") -> tuple[StepTrace, StepTrace]:
     """The step traced at the settings' batch (or `trace`, reused) and at twice it, for the memory
-    line against batch size. With `parallel` and a second CPU, the larger trace runs in a forked child
-    while this process makes the first (see advisor.profile.background); the traces are the same
-    either way."""
+    line against batch size, with attention traced the `attention` way (trace_for_memory). With
+    `parallel` and a second CPU, the larger trace runs in a forked child while this process makes the
+    first (see advisor.profile.background); the traces are the same either way."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
     if trace is not None or not (parallel and can_fork()):
         if trace is None:
             progress(f"tracing a training step of {model.source} at batch {batch}")
-            trace = trace_for_memory(model, settings, batch)
+            trace = trace_for_memory(model, settings, batch, attention)
         progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
-        return trace, trace_for_memory(model, settings, 2 * batch)
+        return trace, trace_for_memory(model, settings, 2 * batch, attention)
     progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
     started = time.perf_counter()
     try:
-        child = ForkedCall(lambda: trace_for_memory(model, settings, 2 * batch))
+        child = ForkedCall(lambda: trace_for_memory(model, settings, 2 * batch, attention))
     except OSError:  # no process to spare (EAGAIN, ENOMEM): the second trace runs here after the first
         child = None
     with child or contextlib.nullcontext():
-        trace = trace_for_memory(model, settings, batch)
+        trace = trace_for_memory(model, settings, batch, attention)
     second = child.result(timeout_s=CHILD_GRACE_S + time.perf_counter() - started) if child else None
     if second is None:
         progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
-        second = trace_for_memory(model, settings, 2 * batch)
+        second = trace_for_memory(model, settings, 2 * batch, attention)
     return trace, second
 
 

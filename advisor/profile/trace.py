@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
 from advisor.profile.choices import OPTIMIZERS, PRECISIONS
+from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
@@ -122,6 +123,11 @@ class StepTrace:
     construction: str = "fake"
     """How the model was built: "fake" (inside FakeTensorMode) or "meta" (its constructor computes with
     tensor values: built on real tensors with its weights on the meta device, build.py)."""
+    attention: str = "cpu"
+    """How scaled_dot_product_attention with dropout was traced: "cpu" (the math path, s x s tensors) or
+    "cuda" (as the fused CUDA kernels run it: attention.py)."""
+    fused_attention_dropout: int = 0
+    """Attention calls with dropout traced as a fused kernel (attention "cuda"); 0 on the CPU path."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -325,7 +331,7 @@ def default_loss(output: Any, inputs: Any) -> torch.Tensor:
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The optimizer `name` as torch runs it on CUDA by default: the foreach (multi-tensor)
-    implementation, which CPU tensors would not pick on their own."""
+    implementation, which CPU tensors would not pick on their own; the `-fused` Adams as `fused=True`."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=0.01, foreach=True)
     if name == "momentum":
@@ -334,6 +340,8 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
         return torch.optim.Adam(params, foreach=True)
     if name == "adamw":
         return torch.optim.AdamW(params, foreach=True)
+    if name in ("adam-fused", "adamw-fused"):
+        return (torch.optim.Adam if name == "adam-fused" else torch.optim.AdamW)(params, fused=True)
     if name == "adafactor" and name in OPTIMIZERS:
         return torch.optim.Adafactor(params, foreach=True)
     raise UserError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
@@ -420,6 +428,8 @@ class _Setup:
     accumulate_gradients: bool
     construction: str = "fake"
     """How build_model() runs: "fake" (inside FakeTensorMode) or "meta" (build.weights_on_meta)."""
+    attention: str = "cpu"
+    """How attention with dropout runs: "cpu" (the math path) or "cuda" (attention.FusedAttentionDropout)."""
 
 
 class _ConstructorNeedsValues(Exception):
@@ -448,17 +458,21 @@ def trace_training_step(
     *,
     checkpointing: bool = False,
     accumulate_gradients: bool = False,
+    attention: str = "cpu",
 ) -> StepTrace:
     """Build the model on fake tensors and trace one steady-state training step: the optimizer's
     state already exists (a first, unrecorded step creates it), gradients were set to None by the
     last step (or, with `accumulate_gradients`, hold earlier micro-batches' sums).
 
     `checkpointing` runs the model's repeated blocks under activation checkpointing
-    (`checkpoint_blocks`). `source` names the model file in error messages. Models whose control
+    (`checkpoint_blocks`). `attention` "cuda" traces attention with dropout as the fused CUDA kernels
+    run it (attention.py; for GPU targets), "cpu" as a CPU does. `source` names the model file in
+    error messages. Models whose control
     flow reads input values are traced a second time with real inputs (see the module docstring)."""
     check_step_settings(precision, optimizer, batch_size)
+    assert attention in ATTENTION_PATHS, attention
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
-                   checkpointing, accumulate_gradients)
+                   checkpointing, accumulate_gradients, attention=attention)
     try:
         return _trace_with_either_inputs(setup)
     except _ConstructorNeedsValues:
@@ -518,12 +532,15 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
             _label_step_state(memory, model, opt, inputs, params, setup.accumulate_gradients)
             memory.open_step("forward")
             recorder.phase, recorder.recording = "forward", True
-            loss = _forward(model, inputs, setup)
-            memory.start_phase("backward")
-            recorder.phase, tracker.in_backward = "backward", True
-            backward_runs_here()  # a child forked from now on could not trace (background.can_fork)
-            with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
-                (loss if scaler is None else scaler.scale(loss)).backward()
+            fused = FusedAttentionDropout() if setup.attention == "cuda" else None
+            with fused or nullcontext():  # through backward too: checkpointed blocks run forward there
+                loss = _forward(model, inputs, setup)
+                fused_calls = 0 if fused is None else fused.calls
+                memory.start_phase("backward")
+                recorder.phase, tracker.in_backward = "backward", True
+                backward_runs_here()  # a child forked from now on could not trace (background.can_fork)
+                with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
+                    (loss if scaler is None else scaler.scale(loss)).backward()
             memory.label([p.grad for p in params if p.grad is not None], "gradients")
             memory.start_phase("optimizer")
             recorder.phase = "optimizer"
@@ -539,7 +556,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
                      tuple(recorder.records), "fake+real-inputs" if real_inputs else "fake",
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
-                     setup.accumulate_gradients, setup.construction)
+                     setup.accumulate_gradients, setup.construction, setup.attention, fused_calls)
 
 
 def _build_on_fake(setup: _Setup) -> torch.nn.Module:
