@@ -111,15 +111,10 @@ def _imports(library: str) -> bool:
     return True
 
 
-UNTRACEABLE = frozenset({"timm"})
-"""Libraries whose constructors the tracer cannot run yet: timm's call .item() on a fake tensor while
-building (drop-path rates from torch.linspace; issue #22). Their models stay listed, not run by default."""
-
-
 def available() -> list[str]:
-    """The held-out models whose library imports here (and that the tracer can build)."""
+    """The held-out models whose library imports here."""
     libraries = {model.library for model in HELDOUT.values()}
-    ok = {library: library not in UNTRACEABLE and _imports(library) for library in libraries}
+    ok = {library: _imports(library) for library in libraries}
     return [name for name, model in HELDOUT.items() if ok[model.library]]
 
 

@@ -8,6 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from advisor.profile.costs import OpCost, attention_flops, op_cost
+from advisor.profile.trace import trace_training_step
 
 
 class Costs(TorchDispatchMode):
@@ -156,3 +157,15 @@ def test_foreach_ops_count_the_tensors_they_update() -> None:
     assert costs.one("_foreach_addcmul_").flops == 16
     # out of place: produces 16 elements
     assert costs.one("_foreach_add").flops == 16
+
+
+def test_lstm_layers_are_counted_by_hand() -> None:
+    trace = trace_training_step(lambda: torch.nn.LSTM(8, 16), lambda b: torch.randn(3, b, 8), 2, "fp32", "sgd",
+                                lambda out, _: out[0].sum())
+    (forward,) = [r for r in trace.records if r.op == "mkldnn_rnn_layer"]
+    (backward,) = [r for r in trace.records if r.op == "mkldnn_rnn_layer_backward"]
+    # w_ih 64x8 = 512, w_hh 64x16 = 1,024; 3 steps x 2 samples = 6 rows; gates G = 4 x 16 = 64
+    # forward: 6 * (2 * 1,536 + 3 * 64) = 19,584; backward: 6 * (4 * 1,536 + 3 * 64) = 38,016
+    assert (forward.flops, backward.flops) == (19_584, 38_016)
+    assert forward.matmul and forward.gemm == (1, 6, 64, 24)
+    assert trace.uncounted() == {}

@@ -203,3 +203,15 @@ def test_branch_on_weight_values_is_a_clear_user_error() -> None:
     with pytest.raises(UserError, match=r"model.py branches on values computed from its weights "
                                         r"\(aten._local_scalar_dense.default\)"):
         trace_training_step(BranchesOnItsWeights, lambda b: torch.randn(b, 4), 2, source="model.py")
+
+
+@pytest.mark.parametrize("optimizer", ["adam-fused", "adamw-fused"])
+def test_fused_adam_is_one_kernel_without_temporaries(optimizer: str) -> None:
+    trace = trace_training_step(lambda: torch.nn.Linear(4, 3), lambda b: torch.ones(b, 4), 2, "fp32", optimizer)
+    (fused,) = [r for r in trace.records if r.op.startswith("_fused_adam")]
+    # Linear(4, 3): 12 weights + 3 biases = 15 elements, 10 FLOPs each (costs.ADAM_FLOPS_PER_ELEMENT)
+    assert fused.flops == 150 and fused.tensors == 2
+    # reads parameters, gradients, both moments (4 x 15 x 4 B = 240) and the 2 step counters (8 B);
+    # writes parameters and both moments: 3 x 60 = 180 B
+    assert (fused.bytes_read, fused.bytes_written) == (248, 180)
+    assert not any(r.allocated for r in trace.records if r.phase == "optimizer")  # no temporaries

@@ -18,6 +18,7 @@ from advisor.errors import UserError
 from advisor.estimate.costs import Job
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
+from advisor.profile.coverage import coverage_of
 from advisor.profile.model_file import ModelFile, load_model_file
 
 if TYPE_CHECKING:
@@ -176,6 +177,9 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
         "",
         *_summary(estimate),
     ]
+    warning = coverage_of(trace).warning()
+    if warning:
+        lines.append(warning)
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
+from advisor.profile.coverage import coverage_of
 from advisor.profile.model_file import load_model_file
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
         "",
         _table(plan, db),
     ]
+    warning = None if plan.trace is None else coverage_of(plan.trace).warning()
+    if warning:
+        lines.append(warning)
     return "\n".join(lines)
 
 

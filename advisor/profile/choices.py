@@ -22,5 +22,8 @@ def torch_version() -> tuple[int, int]:
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw") + (("adafactor",) if torch_version() >= ADAFACTOR_SINCE else ())
-"""Adafactor (torch >= 2.5) is the memory-light choice torch offers: factored second moments, no first."""
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adam-fused", "adamw-fused") + (
+    ("adafactor",) if torch_version() >= ADAFACTOR_SINCE else ())
+"""Adafactor (torch >= 2.5) is the memory-light choice torch offers: factored second moments, no first.
+The `-fused` Adams are `fused=True` (Hugging Face Trainer's and torchtitan's usual choice): one kernel
+per parameter list, without the foreach form's full-size temporaries."""

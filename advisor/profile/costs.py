@@ -364,6 +364,58 @@ def amp_unscale_flops(args: tuple, named: dict, out: Any) -> float:
     return 2.0 * sum(t.numel() for t in args[0])
 
 
+RNN_GATE_FLOPS = 3
+"""Per gate element and time step of a fused RNN layer beyond its GEMMs: the bias add, the activation
+and its share of the cell update (counted as 3)."""
+
+
+def _rnn_rows(sequence: torch.Tensor) -> int:
+    """Time steps x batch of an RNN layer's input (T x B x I, or B x T x I: the product is the same)."""
+    return sequence.numel() // sequence.shape[-1]
+
+
+@register(aten.mkldnn_rnn_layer, matmul=True)
+def rnn_layer_flops(args: tuple, named: dict, out: Any) -> float:
+    """One LSTM layer over the whole sequence (the CPU's fused kernel; cuDNN's on a GPU): per time step
+    and sample, the input and recurrent GEMMs against w_ih (G x I) and w_hh (G x H), 2 FLOPs per
+    multiply-add, plus RNN_GATE_FLOPS per gate element (G = 4H)."""
+    rows, w_ih, w_hh = _rnn_rows(args[0]), args[1], args[2]
+    return float(rows * (2 * (w_ih.numel() + w_hh.numel()) + RNN_GATE_FLOPS * w_ih.shape[0]))
+
+
+@register(aten.mkldnn_rnn_layer_backward, matmul=True)
+def rnn_layer_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """The layer's backward: gradients of its input and hidden state and of both weights, twice the
+    forward's GEMMs, and the gates' derivatives."""
+    rows, w_ih, w_hh = _rnn_rows(args[0]), args[1], args[2]
+    return float(rows * (4 * (w_ih.numel() + w_hh.numel()) + RNN_GATE_FLOPS * w_ih.shape[0]))
+
+
+@register_shape(aten.mkldnn_rnn_layer, aten.mkldnn_rnn_layer_backward)
+def rnn_layer_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    """As one GEMM of all time steps: (T x B) rows, G = 4H gate columns, I + H deep. (The recurrent half
+    runs as T dependent GEMMs of B rows: on a GPU with few samples it is slower than this says.)"""
+    w_ih, w_hh = args[1], args[2]
+    return 1, _rnn_rows(args[0]), int(w_ih.shape[0]), int(w_ih.shape[1] + w_hh.shape[1])
+
+
+ADAM_FLOPS_PER_ELEMENT = 10
+"""Adam(W)'s update per parameter element, as its foreach form counts one per elementwise op: weight
+decay (1), first moment lerp (1), second moment mul and addcmul (2), bias corrections, sqrt and eps (4),
+the addcdiv step (2)."""
+
+
+@register(aten._fused_adam_, aten._fused_adamw_)
+def fused_adam_flops(args: tuple, named: dict, out: Any) -> float:
+    """torch's fused Adam/AdamW (`fused=True`): one kernel updates every parameter of a list."""
+    return float(ADAM_FLOPS_PER_ELEMENT * sum(t.numel() for t in args[0]))
+
+
+WRITTEN_LISTS = {aten._fused_adam_: (0, 2, 3, 4), aten._fused_adamw_: (0, 2, 3, 4)}
+"""In-place multi-tensor ops that update several of their list arguments (by position): the fused
+Adams write the parameters, both moments and, with amsgrad, the maximum of the second."""
+
+
 @register(aten._amp_update_scale_)
 def amp_update_scale_flops(args: tuple, named: dict, out: Any) -> float:
     """GradScaler's scale update: a handful of scalar operations (counted as 4)."""
@@ -375,8 +427,8 @@ def amp_update_scale_flops(args: tuple, named: dict, out: Any) -> float:
 
 FREE_OPS = set(
     _ops(
-        "_unsafe_view", "slice", "split", "t_", "empty", "empty_like", "empty_strided", "new_empty",
-        "new_empty_strided", "_local_scalar_dense", "set_", "resize_",
+        "_unsafe_view", "slice", "split", "unsafe_split", "t_", "transpose_", "empty", "empty_like",
+        "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense", "set_", "resize_",
     )
 )
 """Ops that move no data and do no math that `_is_view` does not catch (views by schema alias info
@@ -457,7 +509,9 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         flops = _foreach_flops(args, outputs)
     else:
         counted = False
-    if not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
+    if not written and packet in WRITTEN_LISTS:
+        written = sum(_tensor_bytes(tree_flatten(args[i])[0]) for i in WRITTEN_LISTS[packet])
+    elif not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
         written = _tensor_bytes(tree_flatten(args[0])[0])
     return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv)
 
