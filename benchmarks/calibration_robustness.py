@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,10 +76,14 @@ def predict(names: list[str]) -> dict[str, dict[str, float]]:
     assert cached.profile is not None, cached.problem
     device = DeviceModel("local-cpu", "cpu", cached.profile)
     peaks, bandwidth = cached.profile.peaks.flops, cached.profile.sustained_bandwidth_bytes_per_s
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in names:
         build, make_input, loss_fn, batch, optimizer = model_parts(name)
-        trace = trace_training_step(build, make_input, batch, "fp32", optimizer, loss_fn)
+        try:
+            trace = trace_training_step(build, make_input, batch, "fp32", optimizer, loss_fn)
+        except Exception as exc:  # noqa: BLE001 - a code version that cannot trace a model: reported as such
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            continue
         bare = bare_roofline_seconds(trace.records, "fp32", peaks, bandwidth, gpu=False)
         out[name] = {"ours": estimate_records(trace.records, "fp32", device).step_s, "bare": bare}
     return out
@@ -168,6 +173,7 @@ def one_load(busy: int, codes: dict[str, Path], names: list[str], work: Path) ->
     errors: dict[str, list[float]] = {label: [] for label in codes}
     bare_errors: list[float] = []
     reference = next((p for p in predicted.values() if p is not None), None)
+    failures: dict[str, list[str]] = {label: [] for label in codes}
     for name in names:
         row = f"  {name:<24} {measured[name] * 1e3:>11.1f}"
         for label in codes:
@@ -175,10 +181,16 @@ def one_load(busy: int, codes: dict[str, Path], names: list[str], work: Path) ->
             if found is None:
                 row += f" {'refused':>13} {'':>7}"
                 continue
+            if "error" in found[name]:
+                failures[label].append(f"{name} ({found[name]['error'][:120]})")
+                row += f" {'no trace':>13} {'':>7}"
+                continue
             error = found[name]["ours"] / measured[name] - 1
             errors[label].append(error)
             row += f" {found[name]['ours'] * 1e3:>13.1f} {error:>+7.1%}"
-        if reference is not None:
+        bare_source = next((p for p in predicted.values() if p is not None and "bare" in p[name]), None)
+        if bare_source is not None:
+            reference = bare_source
             bare = reference[name]["bare"] / measured[name] - 1
             bare_errors.append(bare)
             row += f" {reference[name]['bare'] * 1e3:>9.1f} {bare:>+7.1%}"
@@ -190,6 +202,8 @@ def one_load(busy: int, codes: dict[str, Path], names: list[str], work: Path) ->
                          f"over {len(found)} models")
         else:
             lines.append(f"  {label}: no profile stored, no prediction")
+        if failures[label]:
+            lines.append(f"  {label}: could not trace {len(failures[label])}: {'; '.join(failures[label])}")
     if bare_errors:
         absolute = [abs(e) for e in bare_errors]
         lines.append(f"  bare roofline: median |error| {statistics.median(absolute):.1%}, worst {max(absolute):.1%}")

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 from torch.overrides import TorchFunctionMode
 
 LARGE_FACTORY_ELEMENTS = 1 << 24
@@ -59,9 +60,13 @@ class _LargeFactoriesOnMeta(TorchFunctionMode):
 
 def _to_meta_parameter(param: torch.nn.Parameter) -> torch.nn.Parameter:
     """`param` on the meta device, of its own class and attributes; a parameter already there is kept
-    as it is (the same object: `decoder.weight = embed.weight` ties stay ties)."""
+    as it is (the same object: `decoder.weight = embed.weight` ties stay ties). A lazy module's
+    uninitialised parameter is made again on the meta device, where its first forward will give it
+    a shape."""
     if param.device.type == "meta":
         return param
+    if isinstance(param, UninitializedTensorMixin):
+        return type(param)(requires_grad=param.requires_grad, device="meta", dtype=param.dtype)
     attributes = dict(param.__dict__)
     moved = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
     moved.__dict__.update(attributes)
@@ -83,7 +88,9 @@ def weights_on_meta() -> Iterator[None]:
     def register_meta_buffer(module: torch.nn.Module, name: str, tensor: torch.Tensor | None,
                              persistent: bool = True) -> None:
         register_buffer(module, name, tensor, persistent=persistent)
-        if tensor is not None:
+        if tensor is not None and isinstance(tensor, UninitializedTensorMixin):
+            module._buffers[name] = type(tensor)(requires_grad=False, device="meta", dtype=tensor.dtype)
+        elif tensor is not None:
             module._buffers[name] = module._buffers[name].to("meta")
 
     torch.nn.Module.register_parameter = register_meta_parameter  # type: ignore[method-assign]
@@ -99,7 +106,8 @@ def weights_on_meta() -> Iterator[None]:
 def fake_twins(model: torch.nn.Module, device: str = "cpu") -> None:
     """Replace every parameter and buffer of `model` by a tensor of the same shape, strides, dtype and
     class made on `device` (call it inside FakeTensorMode: a fake tensor). A tensor registered in several
-    modules gets one twin, registered in all of them."""
+    modules gets one twin, registered in all of them. (Lazy modules' parameters must have their shapes
+    by now: the tracer runs their first forward on meta inputs before.)"""
     twins: dict[int, torch.Tensor] = {}
 
     def twin(tensor: torch.Tensor) -> torch.Tensor:
@@ -116,8 +124,8 @@ def fake_twins(model: torch.nn.Module, device: str = "cpu") -> None:
 
     for module in model.modules():
         for name, param in module._parameters.items():
-            if param is not None:
+            if param is not None and not isinstance(param, UninitializedTensorMixin):
                 module._parameters[name] = twin(param)
         for name, buffer in module._buffers.items():
-            if buffer is not None:
+            if buffer is not None and not isinstance(buffer, UninitializedTensorMixin):
                 module._buffers[name] = twin(buffer)

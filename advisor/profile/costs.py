@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from advisor.profile.tensors import stored_parts
+
 aten = torch.ops.aten
 
 FlopFormula = Callable[[tuple, dict, Any], float]
@@ -399,6 +401,38 @@ def rnn_layer_shape(args: tuple, named: dict, out: Any) -> GemmShape:
     return 1, _rnn_rows(args[0]), int(w_ih.shape[0]), int(w_ih.shape[1] + w_hh.shape[1])
 
 
+@register(aten._embedding_bag, aten._embedding_bag_forward_only)
+def embedding_bag_flops(args: tuple, named: dict, out: Any) -> float:
+    """EmbeddingBag (sum, mean, max): one add (or compare) per gathered element, rows x width."""
+    weight, indices = args[0], args[1]
+    return float(indices.numel() * weight.shape[-1])
+
+
+@register(aten._embedding_bag_backward, aten._embedding_bag_dense_backward, aten._embedding_bag_sparse_backward)
+def embedding_bag_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """Its backward scatters (dense) or copies (sparse) one gradient element per gathered element."""
+    grad, indices = args[0], args[1]
+    return float(indices.numel() * grad.shape[-1])
+
+
+CTC_FLOPS_PER_CELL = 10
+"""CTC's forward recursion per cell of its alpha table (time step x extended label): a log-sum-exp
+of up to three predecessors and the emission (counted as 10); backward runs beta and the gradient."""
+
+
+@register(aten._ctc_loss)
+def ctc_loss_flops(args: tuple, named: dict, out: Any) -> float:
+    alpha = out[1]
+    return float(CTC_FLOPS_PER_CELL * alpha.numel())
+
+
+@register(aten._ctc_loss_backward)
+def ctc_loss_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """Beta (as alpha) and the gradient of every log-probability, over the saved alpha table (args[6])."""
+    log_probs, alpha = args[1], args[6]
+    return float(2 * CTC_FLOPS_PER_CELL * alpha.numel() + 2 * log_probs.numel())
+
+
 ADAM_FLOPS_PER_ELEMENT = 10
 """Adam(W)'s update per parameter element, as its foreach form counts one per elementwise op: weight
 decay (1), first moment lerp (1), second moment mul and addcmul (2), bias corrections, sqrt and eps (4),
@@ -450,7 +484,9 @@ DATA_OPS = set(
 
 
 def _tensor_bytes(values: Iterable[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+    """Bytes of the tensors among `values`: of the indices and values a sparse one stores."""
+    return sum(part.numel() * part.element_size() for t in values if isinstance(t, torch.Tensor)
+               for part in stored_parts(t))
 
 
 def named_arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from advisor.profile.tensors import stored_parts
+
 CATEGORIES = (
     "weights",
     "weight_copies",
@@ -295,4 +297,5 @@ def phase_at(phase_starts: dict[str, int], tick: int) -> str:
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    """The strided tensors in `value` (any nesting), a sparse tensor's indices and values for it."""
+    return [part for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) for part in stored_parts(t)]

@@ -39,7 +39,8 @@ from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
-from advisor.profile.user_code import TorchWouldRaise, user_code
+from advisor.profile.shapes import SHAPE_KERNELS
+from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
 
 assert ("adafactor" in OPTIMIZERS) == hasattr(torch.optim, "Adafactor"), "torch's metadata disagrees with torch"
 PHASES = ("forward", "backward", "optimizer")
@@ -233,6 +234,9 @@ class _Recorder(TorchDispatchMode):
         except DATA_DEPENDENT_ERRORS:
             if self.phase == "optimizer" and func.overloadpacket.__name__ == SCALAR_ITEM:
                 return _stand_in_scalar(args[0])
+            shaped = SHAPE_KERNELS.get(func.overloadpacket)
+            if shaped is not None:  # outputs from shapes alone (shapes.py); the memory tracker sees them made
+                return self._record(func, args, kwargs, shaped(args, kwargs), first_storage)
             real_arguments = None if self.fake_mode is None else self._real_arguments(args, kwargs)
             if real_arguments is None:
                 raise
@@ -240,6 +244,10 @@ class _Recorder(TorchDispatchMode):
             self.memory.observe(out, func.overloadpacket.__name__)
         else:
             self._keep_real_twin(func, args, kwargs, out)
+        return self._record(func, args, kwargs, out, first_storage)
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, first_storage: int) -> Any:
+        """Record one op call (while recording) and return its output."""
         if not self.recording:
             return out
         try:
@@ -542,6 +550,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
                 with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
                     (loss if scaler is None else scaler.scale(loss)).backward()
             memory.label([p.grad for p in params if p.grad is not None], "gradients")
+            _check_sparse_gradients(params, setup)
             memory.start_phase("optimizer")
             recorder.phase = "optimizer"
             if scaler is not None:
@@ -560,12 +569,14 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
 
 
 def _build_on_fake(setup: _Setup) -> torch.nn.Module:
-    """build_model() inside the current FakeTensorMode; _ConstructorNeedsValues when it computes with
-    a tensor's values (see build.py)."""
+    """build_model() inside the current FakeTensorMode; _ConstructorNeedsValues when it fails there:
+    it computes with a tensor's values, or makes tensors fake mode cannot (`nn.LazyLinear`'s
+    uninitialised parameters). The build on meta weights then runs it on real tensors, and reports
+    the user's error if there is one."""
     try:
         with user_code("build_model()", setup.source, DATA_DEPENDENT_ERRORS), module_conversions_on_fake_tensors():
             model = setup.build_model()
-    except DATA_DEPENDENT_ERRORS as exc:
+    except (*DATA_DEPENDENT_ERRORS, UserCodeError) as exc:
         raise _ConstructorNeedsValues from exc
     return _checked_model(model, setup.source)
 
@@ -573,8 +584,21 @@ def _build_on_fake(setup: _Setup) -> torch.nn.Module:
 def _build_on_meta(setup: _Setup) -> torch.nn.Module:
     """build_model() on real tensors with its weights on the meta device (build.weights_on_meta)."""
     with user_code("build_model()", setup.source), weights_on_meta():
-        model = setup.build_model()
-    return _checked_model(model, setup.source)
+        model = _checked_model(setup.build_model(), setup.source)
+    _materialize_lazy_modules(model, setup)
+    return model
+
+
+def _materialize_lazy_modules(model: torch.nn.Module, setup: _Setup) -> None:
+    """Lazy modules (`nn.LazyLinear`, `LazyConv2d`) get their parameters' shapes from their first
+    input, as a training script's first forward gives them: one forward on meta inputs, without
+    autograd, before the step is traced (their uninitialised parameters are on the meta device)."""
+    if not any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
+        return
+    with user_code(f"example_input({setup.batch_size})", setup.source), torch.device("meta"):
+        inputs = setup.example_input(setup.batch_size)
+    with torch.no_grad(), user_code("the model's first forward (its lazy modules take their shapes)", setup.source):
+        call_model(model, inputs)
 
 
 def _checked_model(model: object, source: str | None) -> torch.nn.Module:
@@ -595,6 +619,20 @@ def _forward(model: torch.nn.Module, inputs: Any, setup: _Setup) -> torch.Tensor
             loss = setup.loss_fn(output, inputs)
     _check_loss(loss, source)
     return loss
+
+
+SPARSE_GRADIENT_OPTIMIZERS = ("sgd", "momentum")
+"""The optimizers here that accept sparse gradients (torch's SGD; its Adams raise)."""
+
+
+def _check_sparse_gradients(params: list[torch.nn.Parameter], setup: _Setup) -> None:
+    """A UserError when the model makes sparse gradients (`Embedding(sparse=True)`, `EmbeddingBag(
+    sparse=True)`) and the optimizer cannot take them, as torch would say at the first real step."""
+    sparse = any(p.grad is not None and p.grad.layout != torch.strided for p in params)
+    if sparse and setup.optimizer not in SPARSE_GRADIENT_OPTIMIZERS:
+        raise UserError(f"{setup.source or 'the model'} makes sparse gradients (an Embedding or EmbeddingBag with "
+                        f"sparse=True), which {setup.optimizer} does not accept; use --optimizer "
+                        f"{' or '.join(SPARSE_GRADIENT_OPTIMIZERS)}, or sparse=False")
 
 
 def _create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter],
