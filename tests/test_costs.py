@@ -169,3 +169,13 @@ def test_lstm_layers_are_counted_by_hand() -> None:
     assert (forward.flops, backward.flops) == (19_584, 38_016)
     assert forward.matmul and forward.gemm == (1, 6, 64, 24)
     assert trace.uncounted() == {}
+
+
+def test_grouped_gemms_of_mixture_of_experts_by_hand() -> None:
+    tokens, experts = torch.randn(8, 16), torch.randn(2, 16, 32)  # 8 tokens of width 16, 2 experts 16 -> 32
+    offsets = torch.tensor([3, 8], dtype=torch.int32)  # expert 0 takes tokens 0-2, expert 1 tokens 3-7
+    out = torch.ops.aten._grouped_mm(tokens, experts, offsets)
+    cost = op_cost(torch.ops.aten._grouped_mm.default, (tokens, experts, offsets), {}, out)
+    # every token through its expert's 16 x 32 matrix: 2 * 8 * 32 * 16 = 8,192 FLOPs
+    assert cost.flops == 8192 and cost.matmul and cost.counted
+    assert cost.gemm == (2, 4, 32, 16)  # 2 groups of 8 / 2 = 4 rows on average

@@ -17,9 +17,11 @@ from advisor.estimate.costs import DEFAULT_SAMPLES
 from advisor.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_JOB_SAMPLES
 from advisor.profile.choices import OPTIMIZERS, PRECISIONS
 from advisor.profile.model_file import DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLE, builtin_examples
+from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
 MAX_MEMORY_GB = 1e6
 MAX_CONTEXT_MIB = 2**20
+MAX_TRACE_TIMEOUT_S = 7 * 24 * 3600.0
 """1 TiB of CUDA context: any larger figure is a typo."""
 
 
@@ -99,6 +101,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast, fp32 master weights), "
                              "bf16/fp16 (pure low precision); default fp32")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
+    parser.add_argument("--trace-timeout", type=bounded_float(MAX_TRACE_TIMEOUT_S, allow_zero=True),
+                        default=DEFAULT_TRACE_TIMEOUT_S, metavar="SECONDS",
+                        help=f"stop tracing a step that takes longer (default {DEFAULT_TRACE_TIMEOUT_S:g}; 0: no limit)")
 
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:

@@ -40,7 +40,8 @@ def settings_from_arguments(args: argparse.Namespace, batch_size: int) -> Memory
     from advisor.memory.plan import MemorySettings
 
     context = None if args.cuda_context_mib is None else int(args.cuda_context_mib * units.MIB)
-    return MemorySettings(batch_size, args.precision, args.optimizer, args.checkpointing, args.micro_batch, context)
+    return MemorySettings(batch_size, args.precision, args.optimizer, args.checkpointing, args.micro_batch, context,
+                          args.trace_timeout or None)
 
 
 def run(args: argparse.Namespace, db: HardwareDB) -> int:

@@ -46,7 +46,8 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         progress(f"tracing a training step of {model.source} on fake tensors"
                  + ("" if args.no_fvcore else ", then fvcore's forward profile"))
         profile = profile_model(model, args.batch_size, args.precision, args.optimizer,
-                                with_fvcore=not args.no_fvcore)
+                                with_fvcore=not args.no_fvcore, timeout_s=args.trace_timeout or None,
+                                progress=progress)
     if args.json:
         print(json.dumps(profile.to_dict(args.depth, args.top), indent=2))
     else:

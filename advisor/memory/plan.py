@@ -40,6 +40,8 @@ class MemorySettings:
     checkpointing: bool = False
     micro_batch: int | None = None
     cuda_context_bytes: int | None = None
+    trace_timeout_s: float | None = None
+    """Stop a trace that takes longer (None or 0: no limit; profile/watch.py)."""
 
     def __post_init__(self) -> None:
         if self.micro_batch is not None and self.micro_batch > self.batch_size:
@@ -94,13 +96,15 @@ class MemoryPlan:
 
 
 def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int,
-                     attention: str = "cuda") -> StepTrace:
+                     attention: str = "cuda", progress: Callable[[str], None] | None = None) -> StepTrace:
     """One traced step of `model` at `batch_size` samples per forward, with the settings' options;
-    attention with dropout as GPUs run it, unless `attention` is "cpu" (profile/attention.py)."""
+    attention with dropout as GPUs run it, unless `attention` is "cpu" (profile/attention.py).
+    `progress` hears how far a long trace got."""
     return trace_training_step(model.build_model, model.example_input, batch_size, settings.precision,
                                settings.optimizer, model.loss_fn, model.source,
                                checkpointing=settings.checkpointing,
-                               accumulate_gradients=settings.accumulate_gradients, attention=attention)
+                               accumulate_gradients=settings.accumulate_gradients, attention=attention,
+                               timeout_s=settings.trace_timeout_s, progress=progress)
 
 
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
@@ -115,7 +119,7 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
     if trace is not None or not (parallel and can_fork()):
         if trace is None:
             progress(f"tracing a training step of {model.source} at batch {batch}")
-            trace = trace_for_memory(model, settings, batch, attention)
+            trace = trace_for_memory(model, settings, batch, attention, progress)
         progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
         return trace, trace_for_memory(model, settings, 2 * batch, attention)
     progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
@@ -125,7 +129,7 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
     except OSError:  # no process to spare (EAGAIN, ENOMEM): the second trace runs here after the first
         child = None
     with child or contextlib.nullcontext():
-        trace = trace_for_memory(model, settings, batch, attention)
+        trace = trace_for_memory(model, settings, batch, attention, progress)
     second = child.result(timeout_s=CHILD_GRACE_S + time.perf_counter() - started) if child else None
     if second is None:
         progress(f"tracing again at batch {2 * batch} for the largest batch that fits")

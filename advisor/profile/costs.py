@@ -366,6 +366,38 @@ def amp_unscale_flops(args: tuple, named: dict, out: Any) -> float:
     return 2.0 * sum(t.numel() for t in args[0])
 
 
+def _grouped_dimensions(args: tuple, out: Any) -> GemmShape:
+    """(groups, m, n, k) of aten._grouped_mm(a, b, offs): mixture-of-experts layers' one GEMM per
+    expert over that expert's tokens (transformers 5, torchtitan), m the mean rows per group. The group
+    count is the 3-D operand's first dimension; with two 2-D operands (a weight gradient) the groups
+    split k and the output is groups x m x n."""
+    a, b = args[0], args[1]
+    if a.dim() == 2 and b.dim() == 3:  # tokens of all experts x k, experts x k x n
+        groups = int(b.shape[0])
+        return groups, max(1, int(a.shape[0]) // groups), int(b.shape[2]), int(a.shape[1])
+    if a.dim() == 3 and b.dim() == 3:  # batched: groups x m x k, groups x k x n
+        return int(a.shape[0]), int(a.shape[1]), int(b.shape[2]), int(a.shape[2])
+    if a.dim() == 3:  # groups x m x k, k x (n of all groups)
+        groups = int(a.shape[0])
+        return groups, int(a.shape[1]), max(1, int(b.shape[1]) // groups), int(a.shape[2])
+    groups = int(out.shape[0])  # m x (k of all groups), (k of all groups) x n -> groups x m x n
+    return groups, int(a.shape[0]), int(b.shape[1]), max(1, int(a.shape[1]) // groups)
+
+
+@register(aten._grouped_mm, matmul=True)
+def grouped_mm_flops(args: tuple, named: dict, out: Any) -> float:
+    """Every group's GEMM, 2 FLOPs per multiply-add: 2 x (all rows) x n x k, whatever the split."""
+    a, b = args[0], args[1]
+    if a.dim() == 2 and b.dim() == 2:
+        return 2.0 * a.shape[0] * b.shape[1] * a.shape[1]
+    return 2.0 * out.numel() * a.shape[-1]
+
+
+@register_shape(aten._grouped_mm)
+def grouped_mm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
+    return _grouped_dimensions(args, out)
+
+
 RNN_GATE_FLOPS = 3
 """Per gate element and time step of a fused RNN layer beyond its GEMMs: the bias add, the activation
 and its share of the cell update (counted as 3)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,13 +190,14 @@ def _ancestors(module: str, max_depth: int) -> list[str]:
 
 
 def profile_model(model: ModelFile, batch_size: int | None = None, precision: str = "fp32",
-                  optimizer: str = "adamw", with_fvcore: bool = True) -> ModelProfile:
+                  optimizer: str = "adamw", with_fvcore: bool = True, timeout_s: float | None = None,
+                  progress: Callable[[str], None] | None = None) -> ModelProfile:
     """Trace one training step of the model file and, unless `with_fvcore` is False, make
-    fvcore's forward profile of the same batch."""
+    fvcore's forward profile of the same batch. `timeout_s` and `progress`: trace_training_step's."""
     batch = batch_size if batch_size is not None else model.default_batch_size
     started = time.perf_counter()
     trace = trace_training_step(model.build_model, model.example_input, batch, precision, optimizer,
-                                model.loss_fn, model.source)
+                                model.loss_fn, model.source, timeout_s=timeout_s, progress=progress)
     trace_seconds = time.perf_counter() - started
     forward = forward_error = forward_seconds = None
     if with_fvcore:

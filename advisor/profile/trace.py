@@ -41,6 +41,7 @@ from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.shapes import SHAPE_KERNELS
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
+from advisor.profile.watch import TraceWatch
 
 assert ("adafactor" in OPTIMIZERS) == hasattr(torch.optim, "Adafactor"), "torch's metadata disagrees with torch"
 PHASES = ("forward", "backward", "optimizer")
@@ -204,10 +205,11 @@ class _Recorder(TorchDispatchMode):
     real twin, and an op that needs values is answered from the twins."""
 
     def __init__(self, tracker: ModuleTracker, memory: LiveMemoryTracker,
-                 fake_mode: FakeTensorMode | None = None) -> None:
+                 fake_mode: FakeTensorMode | None = None, watch: TraceWatch | None = None) -> None:
         super().__init__()
         self.tracker = tracker
         self.memory = memory
+        self.watch = watch or TraceWatch()
         self.phase = "forward"
         self.recording = False
         self.records: list[OpRecord] = []
@@ -226,6 +228,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.namespace != "prim":  # prim ops (device queries) run where C++ cannot pass an exception on
+            self.watch.tick(self.phase, self._module)
         if func.overloadpacket.__name__ in SAME_DTYPE_OPS:
             _check_same_dtype(func.overloadpacket.__name__, args)
         first_storage = self.memory.storage_count  # the memory tracker, below this mode, registers outputs
@@ -438,6 +442,8 @@ class _Setup:
     """How build_model() runs: "fake" (inside FakeTensorMode) or "meta" (build.weights_on_meta)."""
     attention: str = "cpu"
     """How attention with dropout runs: "cpu" (the math path) or "cuda" (attention.FusedAttentionDropout)."""
+    watch: TraceWatch = field(default_factory=TraceWatch)
+    """Progress and deadline, shared by every attempt."""
 
 
 class _ConstructorNeedsValues(Exception):
@@ -467,6 +473,8 @@ def trace_training_step(
     checkpointing: bool = False,
     accumulate_gradients: bool = False,
     attention: str = "cpu",
+    timeout_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> StepTrace:
     """Build the model on fake tensors and trace one steady-state training step: the optimizer's
     state already exists (a first, unrecorded step creates it), gradients were set to None by the
@@ -474,13 +482,16 @@ def trace_training_step(
 
     `checkpointing` runs the model's repeated blocks under activation checkpointing
     (`checkpoint_blocks`). `attention` "cuda" traces attention with dropout as the fused CUDA kernels
-    run it (attention.py; for GPU targets), "cpu" as a CPU does. `source` names the model file in
-    error messages. Models whose control
-    flow reads input values are traced a second time with real inputs (see the module docstring)."""
+    run it (attention.py; for GPU targets), "cpu" as a CPU does. `timeout_s` (None or 0: none) stops
+    a trace that takes longer with a UserError; `progress` hears how far a long one got (watch.py).
+    `source` names the model file in error messages. Models whose control flow reads input values
+    are traced a second time with real inputs (see the module docstring); models whose constructor
+    needs tensor values are built on meta weights (build.py)."""
     check_step_settings(precision, optimizer, batch_size)
     assert attention in ATTENTION_PATHS, attention
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
-                   checkpointing, accumulate_gradients, attention=attention)
+                   checkpointing, accumulate_gradients, attention=attention,
+                   watch=TraceWatch(timeout_s, progress, source))
     try:
         return _trace_with_either_inputs(setup)
     except _ConstructorNeedsValues:
@@ -533,7 +544,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
         opt = make_optimizer(setup.optimizer, params)
         scaler = _GradScalerOps() if setup.precision == "amp-fp16" else None
         tracker = _StepModuleTracker()
-        recorder = _Recorder(tracker, memory, fake_mode if real_inputs else None)
+        recorder = _Recorder(tracker, memory, fake_mode if real_inputs else None, setup.watch)
         with tracker, recorder:
             recorder.phase = "optimizer"
             _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients)
