@@ -48,6 +48,7 @@ from advisor.estimate.ops import DTYPE_FALLBACK, classify  # noqa: E402
 from advisor.estimate.step import estimate_records  # noqa: E402
 from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
+from advisor.memory.estimate import StepMemory, device_memory  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
     OpRecord,
     StepTrace,
@@ -196,9 +197,10 @@ def measure_cpu_step(case: CPUCase, warm: int = 2, timed: int = 7) -> float:
     return statistics.median(step() for _ in range(timed))
 
 
-def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str) -> StepTrace:
+def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str, attention: str = "cpu") -> StepTrace:
+    """The step traced as the tool traces it for a CPU (`attention` "cpu") or a GPU ("cuda")."""
     build, make_input, loss_fn = parts
-    return trace_training_step(build, make_input, batch, precision, optimizer, loss_fn)
+    return trace_training_step(build, make_input, batch, precision, optimizer, loss_fn, attention=attention)
 
 
 def cpu_rows() -> tuple[list[Row], list[str]]:
@@ -308,12 +310,14 @@ def size_of(row: dict[str, str]) -> int | None:
     return None
 
 
-def published_rows() -> tuple[list[Row], list[str]]:
+def published_rows() -> tuple[list[Row], list[str], list[str]]:
+    """(rows, why rows were skipped, rows the tool calls "does not fit": runs that happened on that GPU at
+    that batch, so every one of them is a memory prediction that is too high)."""
     db = load_hwdb([])
     families = load_families(db)
     labels = yaml.safe_load(GPU_LABELS.read_text())["labels"]
     traces: dict[tuple, StepTrace] = {}
-    rows, skipped = [], defaultdict(int)
+    rows, skipped, unfit = [], defaultdict(int), []
     with VALIDATION.open(newline="") as handle:
         published = [r for r in csv.DictReader(handle) if r["num_gpus"] == "1"]
     for row in published:
@@ -339,20 +343,23 @@ def published_rows() -> tuple[list[Row], list[str]]:
         if key not in traces:
             print(f"advisor: tracing {key}", file=sys.stderr, flush=True)
             parts = channels_last(ZOO[zoo_name](size)) if nhwc else ZOO[zoo_name](size)
-            traces[key] = trace_case(parts, batch, precision, optimizer or "sgd")
+            traces[key] = trace_case(parts, batch, precision, optimizer or "sgd", attention="cuda")
         trace = traces[key]
         records = [r for r in trace.records if optimizer is not None or r.phase != "optimizer"]
         target = database_targets(db, [gpu], families)[0]
+        memory = device_memory(StepMemory.of_trace(trace), target, target.memory_overhead)
         ours = estimate_records(records, precision, target.device).step_s
         peaks = gpu_peaks(gpu)
         bare = bare_roofline_seconds(records, precision, peaks.flops, gpu.bandwidth_bytes_per_s, gpu=True)
         value = float(row["value"])
         label = f"{row['source_id']}: {zoo_name} b{batch} {row['precision'][:9]} on {gpu.id}"
+        if not memory.fits:
+            unfit.append(f"{label}: {memory.peak_bytes / 2**30:.1f} GiB predicted, {gpu.memory_bytes / 2**30:.1f} GiB card")
         if row["metric"] == "train_step_time_ms_median":
             rows.append(Row(label, zoo_name, gpu.id, value, ours * 1e3, bare * 1e3, "ms/step"))
         else:
             rows.append(Row(label, zoo_name, gpu.id, value, batch / ours, batch / bare, row["metric"][6:]))
-    return rows, [f"{count:>3} x {why}" for why, count in sorted(skipped.items(), key=lambda item: -item[1])]
+    return rows, [f"{count:>3} x {why}" for why, count in sorted(skipped.items(), key=lambda item: -item[1])], unfit
 
 
 # ----------------------------------------------------------------------------- 3. real GPU runs
@@ -409,7 +416,7 @@ def main() -> int:
         summaries["cpu"] = summary_figures(rows, "step time of real training steps on the benchmark machine's CPU "
                                            "against the --local prediction")
     if args.part in ("published", "all"):
-        rows, skipped = published_rows()
+        rows, skipped, unfit = published_rows()
         summaries["published"] = summary_figures(rows, "training throughput of published single-GPU measurements "
                                                  "(vendors' and labs' benchmark pages) against the prediction for that GPU")
         lines += ["", "2. Published single-GPU rows (../shared/validation/published-throughput.csv)", *table(rows),
@@ -417,6 +424,8 @@ def main() -> int:
                   *grouped(rows, lambda r: r.model, "by model:"),
                   *grouped(rows, lambda r: r.device, "by GPU:"),
                   *grouped(rows, lambda r: r.label.split(":")[0], "by source:"),
+                  "", f"called 'does not fit' (each ran on that GPU at that batch; target 0): {len(unfit)} of "
+                      f"{len(rows)} rows", *(f"  {u}" for u in unfit),
                   "", f"skipped {sum(int(s.split(' x ')[0]) for s in skipped)} rows:", *(f"  {s}" for s in skipped)]
     if args.part in ("gpu", "all"):
         rows, notes = gpu_rows()

@@ -347,7 +347,8 @@ def softmax_backward_flops(args: tuple, named: dict, out: Any) -> float:
     return 3.0 * args[0].numel()
 
 
-@register(*_ops("sum", "mean", "amax", "amin", "norm", "linalg_vector_norm", "var_mean", "var", "std"))
+@register(*_ops("sum", "mean", "amax", "amin", "norm", "linalg_vector_norm", "var_mean", "var", "std", "cumsum",
+                "histc", "topk", "floor_divide"))
 def reduction_flops(args: tuple, named: dict, out: Any) -> float:
     """One FLOP per input element."""
     return float(args[0].numel())
@@ -480,6 +481,15 @@ def fused_adam_flops(args: tuple, named: dict, out: Any) -> float:
 WRITTEN_LISTS = {aten._fused_adam_: (0, 2, 3, 4), aten._fused_adamw_: (0, 2, 3, 4)}
 """In-place multi-tensor ops that update several of their list arguments (by position): the fused
 Adams write the parameters, both moments and, with amsgrad, the maximum of the second."""
+
+
+@register(*_ops("sort"))
+def sort_flops(args: tuple, named: dict, out: Any) -> float:
+    """A comparison sort: n log2 n comparisons along the sorted dimension, per row."""
+    values = args[0]
+    dim = named.get("dim", -1)
+    length = int(values.shape[dim]) if values.dim() else 1
+    return float(values.numel() * max(1.0, math.log2(max(length, 2))))
 
 
 @register(aten._amp_update_scale_)
