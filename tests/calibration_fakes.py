@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from advisor.calibration import runner as runner_module
 from advisor.calibration.contention import CPUSnapshot
 from advisor.calibration.peaks import DevicePeaks
 from advisor.calibration.runner import Target
-from advisor.calibration.suite import COMPUTE_OPS, FOREACH_TENSORS, Case, case_cost
+from advisor.calibration.suite import COMPUTE_OPS, FOREACH_TENSORS, Case, case_cost, load_suite
 from advisor.calibration.timing import Clock
 
 
@@ -122,3 +123,17 @@ def fake_cuda_target(cpu: Target, peaks: DevicePeaks, seconds: Callable[[Case], 
     clock = ModelClock(seconds)
     return Target("cuda:0", "cuda", "Fake GPU", peaks, clock, clock, fingerprint,
                   {"torch": "test", "cuda": "12.4", "driver": "550.0", "python": "3"}, cache_bytes, "h100-sxm")
+
+
+def steady_local_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, suite_text: str) -> None:
+    """`--local` measures this CPU as a steady model of it (a real run on a loaded VM may rightly be
+    refused by the quality gates) with the suite `suite_text`, and caches its profile under `tmp_path`."""
+    from advisor.estimate import targets as targets_module
+
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    suite_path = tmp_path / "suite.yaml"
+    suite_path.write_text(suite_text)
+    monkeypatch.setattr(targets_module, "load_suite", lambda: load_suite(suite_path))
+    steady_cases(monkeypatch)
+    real_target = targets_module.cpu_target
+    monkeypatch.setattr(targets_module, "cpu_target", lambda suite: steady_cpu(real_target(suite)))

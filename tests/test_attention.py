@@ -12,11 +12,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from advisor.cli.main import main
-from advisor.estimate import targets as targets_module
-from advisor.calibration.suite import load_suite
 from advisor.profile.attention import FusedAttentionDropout
 from advisor.profile.trace import trace_training_step
-from tests.calibration_fakes import steady_cases, steady_cpu
+from tests.calibration_fakes import steady_local_cpu
 from tests.test_calibration import TINY_SUITE
 
 BATCH, HEADS, SEQ, DIM = 2, 4, 256, 16
@@ -79,13 +77,7 @@ def test_estimate_times_a_cpu_on_its_math_path(capsys, tmp_path: Path, monkeypat
         "def build_model():\n    return SelfAttention(0.1)\n"
         "def example_input(batch_size):\n    return _inputs(batch_size)\n"
     )
-    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
-    suite_path = tmp_path / "suite.yaml"
-    suite_path.write_text(TINY_SUITE)
-    monkeypatch.setattr(targets_module, "load_suite", lambda: load_suite(suite_path))
-    steady_cases(monkeypatch)
-    real_target = targets_module.cpu_target
-    monkeypatch.setattr(targets_module, "cpu_target", lambda suite: steady_cpu(real_target(suite)))
+    steady_local_cpu(monkeypatch, tmp_path, TINY_SUITE)
     code = main(["estimate", str(model_file), "--batch-size", str(BATCH), "--local", "--gpu", "a100-sxm4-80gb",
                  "--json"])
     out, err = capsys.readouterr()

@@ -14,9 +14,7 @@ from advisor.calibration.curves import Curve, Fit
 from advisor.calibration.peaks import DevicePeaks
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.reference import load_families
-from advisor.calibration.suite import load_suite
 from advisor.cli.main import main
-from advisor.estimate import targets as targets_module
 from advisor.estimate.costs import Job, cloud_costs, electricity_usd, ownership, pareto_front
 from advisor.estimate.ops import OpClass, classify, moved_bytes, wave_efficiency
 from advisor.estimate.plan import EstimateSettings, estimate_model, step_time
@@ -26,7 +24,7 @@ from advisor.hardware.loader import load_hwdb
 from advisor.memory.plan import MemorySettings
 from advisor.profile.model_file import load_model_file
 from advisor.profile.trace import OpRecord
-from tests.calibration_fakes import steady_cases, steady_cpu
+from tests.calibration_fakes import steady_local_cpu
 from tests.test_calibration import TINY_SUITE
 
 FLAT = Fit(Curve.saturating(0.5, 1e-15), (), 0.0, 0)
@@ -388,14 +386,7 @@ def test_cli_model_that_fits_nowhere(capsys) -> None:
 
 
 def test_cli_local_cpu_calibrates_once_then_reuses(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
-    suite_path = tmp_path / "suite.yaml"
-    suite_path.write_text(TINY_SUITE)
-    monkeypatch.setattr(targets_module, "load_suite", lambda: load_suite(suite_path))
-    # a steady model of this CPU: a real run on a loaded VM may rightly be refused by the quality gates
-    steady_cases(monkeypatch)
-    real_target = targets_module.cpu_target
-    monkeypatch.setattr(targets_module, "cpu_target", lambda suite: steady_cpu(real_target(suite)))
+    steady_local_cpu(monkeypatch, tmp_path, TINY_SUITE)
     code, out, err = run_cli(capsys, "estimate", "mlp", "--local", "--gpu", "t4", "--json")
     assert code == 0, err
     assert "no usable calibration of cpu (none stored): measuring a quick one" in err
