@@ -100,8 +100,8 @@ def test_fvcore_profiles_such_a_model_too() -> None:
     assert profile.by_operator["linear"] == 37_888
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_pure_low_precision_keeps_tied_weights_tied(precision: str) -> None:
+@pytest.mark.parametrize("precision, convert", [("bf16", False), ("fp16", False), ("fp32", True)])
+def test_pure_low_precision_keeps_tied_weights_tied(precision: str, convert: bool) -> None:
     class Tied(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -112,7 +112,8 @@ def test_pure_low_precision_keeps_tied_weights_tied(precision: str) -> None:
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             return self.head(self.embed(tokens))
 
-    trace = trace_training_step(Tied, tokens, 2, precision, "adamw", lambda out, _: out.float().sum())
+    build = (lambda: Tied().half()) if convert else Tied  # .half() in the model file, or --precision
+    trace = trace_training_step(build, tokens, 2, precision, "adamw", lambda out, _: out.float().sum())
     assert trace.params == 10 * 16  # one 10x16 matrix, not two
     # weights: the one matrix in 2-byte floats, 160 * 2 = 320 bytes
     assert trace.memory.total("weights") == 320
