@@ -79,3 +79,30 @@ def test_ctc_loss_is_traced_from_shapes() -> None:
     assert 2 * 50 * 21 * 4 in forward.allocated  # the alpha table, fp32
     # beta and the gradient: 2 * 21,000 + 2 * (50 * 2 * 29 = 2,900 log-probabilities) = 47,800
     assert backward.flops == 47_800
+
+
+class SelfChecking(nn.Module):
+    """DETR's and T5's checks of their own activations."""
+
+    def __init__(self, weight_branch: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.weight_branch = weight_branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if not torch.isfinite(h).all():
+            raise ValueError("non-finite activations")
+        if torch.isinf(h).any():
+            h = h.clamp(-1e4, 1e4)
+        if self.weight_branch and h.sum() > 0:  # a real value of the weights: still refused
+            h = h * 2
+        return h
+
+
+def test_checks_for_inf_and_nan_are_answered_as_finite() -> None:
+    trace = trace_training_step(SelfChecking, lambda b: torch.randn(b, 8), 2)
+    assert trace.assumed_finite == 2 and trace.values == "fake"
+    assert not any(r.op == "clamp" for r in trace.records)  # isinf(...).any() is False: no clamp
+    with pytest.raises(UserError, match="branches on values computed from its weights"):
+        trace_training_step(lambda: SelfChecking(weight_branch=True), lambda b: torch.randn(b, 8), 2)

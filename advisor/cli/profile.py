@@ -102,6 +102,8 @@ def _trace_line(profile: ModelProfile) -> str:
         answered = _op_counts(trace.data_dependent_ops)
         how = ("fake tensors with real input values: the model reads its inputs' values "
                f"({answered} answered from real tensors)")
+    if trace.assumed_finite:
+        how += f"; {trace.assumed_finite} checks of activations for inf/NaN answered as finite"
     if trace.construction == "meta":
         how += "; built on real tensors with weights on the meta device (its constructor computes with tensor values)"
     return f"Trace: {len(trace.records)} ops in {profile.trace_seconds:.2f} s on {how}"

@@ -160,7 +160,8 @@ class ModelProfile:
             "flop_convention": "2 FLOPs per multiply-add",
             "flops": {phase: self.trace.flops(phase) for phase in PHASES} | {"total": self.train_step_flops},
             "bytes": {phase: self.trace.bytes_moved(phase) for phase in PHASES} | {"total": self.trace.bytes_moved()},
-            "trace": {"values": self.trace.values, "construction": self.trace.construction, "data_dependent_ops": dict(self.trace.data_dependent_ops),
+            "trace": {"values": self.trace.values, "construction": self.trace.construction,
+                      "assumed_finite": self.trace.assumed_finite, "data_dependent_ops": dict(self.trace.data_dependent_ops),
                       "ops": len(self.trace.records), "seconds": self.trace_seconds},
             "fvcore": (self.forward.to_dict() | {"seconds": self.forward_seconds,
                                                  "agreement_with_trace": self.fvcore_agreement()})

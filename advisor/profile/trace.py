@@ -38,6 +38,7 @@ from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
+from advisor.profile.finite import FiniteActivations
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.shapes import SHAPE_KERNELS
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
@@ -130,6 +131,8 @@ class StepTrace:
     "cuda" (as the fused CUDA kernels run it: attention.py)."""
     fused_attention_dropout: int = 0
     """Attention calls with dropout traced as a fused kernel (attention "cuda"); 0 on the CPU path."""
+    assumed_finite: int = 0
+    """Checks of activations for inf or NaN answered by assuming them finite (finite.py)."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -552,7 +555,8 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
             memory.open_step("forward")
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
-            with fused or nullcontext():  # through backward too: checkpointed blocks run forward there
+            finite = FiniteActivations()
+            with fused or nullcontext(), finite:  # through backward too: checkpointed blocks run forward there
                 loss = _forward(model, inputs, setup)
                 fused_calls = 0 if fused is None else fused.calls
                 memory.start_phase("backward")
@@ -576,7 +580,8 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
                      tuple(recorder.records), "fake+real-inputs" if real_inputs else "fake",
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
-                     setup.accumulate_gradients, setup.construction, setup.attention, fused_calls)
+                     setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
+                     finite.answered)
 
 
 def _build_on_fake(setup: _Setup) -> torch.nn.Module:
