@@ -179,3 +179,19 @@ def test_grouped_gemms_of_mixture_of_experts_by_hand() -> None:
     # every token through its expert's 16 x 32 matrix: 2 * 8 * 32 * 16 = 8,192 FLOPs
     assert cost.flops == 8192 and cost.matmul and cost.counted
     assert cost.gemm == (2, 4, 32, 16)  # 2 groups of 8 / 2 = 4 rows on average
+
+
+def test_segmentation_and_mobile_ops_are_counted() -> None:
+    def build() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Hardswish(), torch.nn.Upsample(scale_factor=2,
+                                   mode="bilinear"), torch.nn.Upsample(scale_factor=2, mode="nearest"))
+
+    def loss(out: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.nll_loss(out.log_softmax(1), torch.zeros(out.shape[0], 32, 32, dtype=torch.long))
+
+    trace = trace_training_step(build, lambda b: torch.randn(b, 3, 8, 8), 2, "fp32", "sgd", loss)
+    assert trace.uncounted() == {}
+    (bilinear,) = [r for r in trace.records if r.op == "upsample_bilinear2d"]
+    assert bilinear.flops == 8 * 2 * 4 * 16 * 16  # 8 per output element of 2 x 4 x 16 x 16
+    (hardswish,) = [r for r in trace.records if r.op.startswith("hardswish") and r.phase == "forward"]
+    assert hardswish.flops == 2 * 4 * 8 * 8

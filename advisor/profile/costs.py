@@ -483,6 +483,28 @@ WRITTEN_LISTS = {aten._fused_adam_: (0, 2, 3, 4), aten._fused_adamw_: (0, 2, 3, 
 Adams write the parameters, both moments and, with amsgrad, the maximum of the second."""
 
 
+@register(*_ops("hardswish", "hardswish_", "hardswish_backward", "hardsigmoid_backward", "upsample_nearest2d",
+                "upsample_nearest2d_backward", "nll_loss2d_forward", "nll_loss2d_backward"))
+def per_element_flops(args: tuple, named: dict, out: Any) -> float:
+    """MobileNetV3's hard activations and their gradients, nearest-neighbour upsampling (a copy), the
+    2-D NLL loss: one FLOP per element of what they write (a loss: of its per-pixel input, args[0])."""
+    written = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    largest = max((t.numel() for t in written), default=0)
+    return float(max(largest, args[0].numel() if isinstance(args[0], torch.Tensor) else 0))
+
+
+BILINEAR_FLOPS_PER_ELEMENT = 8
+"""Bilinear interpolation per output element: four neighbours weighted and summed (or, backward, one
+gradient element spread over four)."""
+
+
+@register(*_ops("upsample_bilinear2d", "upsample_bilinear2d_backward"))
+def bilinear_flops(args: tuple, named: dict, out: Any) -> float:
+    written = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    spread = max([t.numel() for t in written] + [args[0].numel()])
+    return float(BILINEAR_FLOPS_PER_ELEMENT * spread)
+
+
 @register(*_ops("sort"))
 def sort_flops(args: tuple, named: dict, out: Any) -> float:
     """A comparison sort: n log2 n comparisons along the sorted dimension, per row."""
