@@ -172,7 +172,6 @@ def one_load(busy: int, codes: dict[str, Path], names: list[str], work: Path) ->
     lines.append(header)
     errors: dict[str, list[float]] = {label: [] for label in codes}
     bare_errors: list[float] = []
-    reference = next((p for p in predicted.values() if p is not None), None)
     failures: dict[str, list[str]] = {label: [] for label in codes}
     for name in names:
         row = f"  {name:<24} {measured[name] * 1e3:>11.1f}"
@@ -188,9 +187,8 @@ def one_load(busy: int, codes: dict[str, Path], names: list[str], work: Path) ->
             error = found[name]["ours"] / measured[name] - 1
             errors[label].append(error)
             row += f" {found[name]['ours'] * 1e3:>13.1f} {error:>+7.1%}"
-        bare_source = next((p for p in predicted.values() if p is not None and "bare" in p[name]), None)
-        if bare_source is not None:
-            reference = bare_source
+        reference = next((p for p in predicted.values() if p is not None and "bare" in p[name]), None)
+        if reference is not None:
             bare = reference[name]["bare"] / measured[name] - 1
             bare_errors.append(bare)
             row += f" {reference[name]['bare'] * 1e3:>9.1f} {bare:>+7.1%}"

@@ -21,8 +21,9 @@ from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
 MAX_MEMORY_GB = 1e6
 MAX_CONTEXT_MIB = 2**20
-MAX_TRACE_TIMEOUT_S = 7 * 24 * 3600.0
 """1 TiB of CUDA context: any larger figure is a typo."""
+MAX_TRACE_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: a longer --trace-timeout is a typo (0 means no limit)."""
 
 
 def positive_int(text: str, limit: int | None = None) -> int:

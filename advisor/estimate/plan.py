@@ -14,8 +14,8 @@ from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
 from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
-from advisor.profile.model_file import ModelFile
 from advisor.profile.coverage import coverage_of
+from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace
 
 Progress = Callable[[str], None]

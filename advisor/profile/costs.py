@@ -367,7 +367,8 @@ def amp_unscale_flops(args: tuple, named: dict, out: Any) -> float:
     return 2.0 * sum(t.numel() for t in args[0])
 
 
-def _grouped_dimensions(args: tuple, out: Any) -> GemmShape:
+@register_shape(aten._grouped_mm)
+def grouped_mm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
     """(groups, m, n, k) of aten._grouped_mm(a, b, offs): mixture-of-experts layers' one GEMM per
     expert over that expert's tokens (transformers 5, torchtitan), m the mean rows per group. The group
     count is the 3-D operand's first dimension; with two 2-D operands (a weight gradient) the groups
@@ -392,11 +393,6 @@ def grouped_mm_flops(args: tuple, named: dict, out: Any) -> float:
     if a.dim() == 2 and b.dim() == 2:
         return 2.0 * a.shape[0] * b.shape[1] * a.shape[1]
     return 2.0 * out.numel() * a.shape[-1]
-
-
-@register_shape(aten._grouped_mm)
-def grouped_mm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
-    return _grouped_dimensions(args, out)
 
 
 RNN_GATE_FLOPS = 3
@@ -487,10 +483,10 @@ Adams write the parameters, both moments and, with amsgrad, the maximum of the s
                 "upsample_nearest2d_backward", "nll_loss2d_forward", "nll_loss2d_backward"))
 def per_element_flops(args: tuple, named: dict, out: Any) -> float:
     """MobileNetV3's hard activations and their gradients, nearest-neighbour upsampling (a copy), the
-    2-D NLL loss: one FLOP per element of what they write (a loss: of its per-pixel input, args[0])."""
-    written = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    largest = max((t.numel() for t in written), default=0)
-    return float(max(largest, args[0].numel() if isinstance(args[0], torch.Tensor) else 0))
+    2-D NLL loss: one FLOP per element of the largest tensor they write or take first (a loss: its
+    per-pixel input, args[0])."""
+    sizes = [t.numel() for t in (*tree_flatten(out)[0], args[0]) if isinstance(t, torch.Tensor)]
+    return float(max(sizes, default=0))
 
 
 BILINEAR_FLOPS_PER_ELEMENT = 8
@@ -500,9 +496,7 @@ gradient element spread over four)."""
 
 @register(*_ops("upsample_bilinear2d", "upsample_bilinear2d_backward"))
 def bilinear_flops(args: tuple, named: dict, out: Any) -> float:
-    written = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    spread = max([t.numel() for t in written] + [args[0].numel()])
-    return float(BILINEAR_FLOPS_PER_ELEMENT * spread)
+    return BILINEAR_FLOPS_PER_ELEMENT * per_element_flops(args, named, out)
 
 
 @register(*_ops("sort"))

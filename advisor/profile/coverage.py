@@ -33,6 +33,11 @@ class Coverage:
         return sum(self.uncounted.values())
 
     @property
+    def counted_fraction(self) -> float:
+        """Share of the traced ops that have a formula."""
+        return 1.0 - self.uncounted_ops / self.ops if self.ops else 1.0
+
+    @property
     def bytes_share(self) -> float:
         return self.uncounted_bytes / self.total_bytes if self.total_bytes else 0.0
 
@@ -57,7 +62,7 @@ class Coverage:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ops": self.ops, "uncounted_ops": dict(self.uncounted),
-                "counted_fraction": 1.0 - self.uncounted_ops / self.ops if self.ops else 1.0,
+                "counted_fraction": self.counted_fraction,
                 "uncounted_bytes_fraction": self.bytes_share, "warning": self.warning()}
 
 

@@ -32,9 +32,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from advisor.errors import UserError
 from advisor.probe.cpu import available_memory_bytes
-from advisor.profile.build import weights_on_meta
 from advisor.profile.costs import op_cost
-from advisor.profile.trace import call_model, fake_tensor_log_silenced
+from advisor.profile.trace import build_on_meta_weights, call_model, fake_tensor_log_silenced
 from advisor.profile.user_code import UserCodeError, user_code
 
 FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::einsum", "aten::matmul", "aten::mm",
@@ -309,13 +308,13 @@ def _build_on_meta(build_model: Callable[[], torch.nn.Module], example_input: Ca
                    batch_size: int, source: str | None) -> tuple[torch.nn.Module, Any]:
     """The model and its input on the meta device: built under torch.device("meta"), or, when its
     constructor computes with tensor values there (timm's drop-path rates), on real tensors with its
-    weights moved to the meta device as they are registered (build.weights_on_meta)."""
+    weights moved to the meta device as they are registered (trace.build_on_meta_weights, as the trace
+    builds it; lazy modules take their shapes there)."""
     try:
         with torch.device("meta"):
             return _build(build_model, example_input, batch_size, source)
     except UserCodeError:
-        with user_code("build_model()", source), weights_on_meta():
-            model = build_model()
+        model = build_on_meta_weights(build_model, example_input, batch_size, source)
         with user_code(f"example_input({batch_size})", source), torch.device("meta"):
             inputs = example_input(batch_size)
         model.train()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from advisor.errors import UserError
+from advisor.profile.coverage import coverage_of
 from advisor.profile.forward import ForwardProfile, forward_profile
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import OUTSIDE_MODEL, PHASES, StepTrace, trace_training_step
@@ -141,12 +142,11 @@ class ModelProfile:
 
     def coverage(self) -> dict[str, Any]:
         """Which ops no formula counts: in the trace (whole step) and in fvcore's forward profile."""
-        uncounted = self.trace.uncounted()
-        total = len(self.trace.records)
+        trace = coverage_of(self.trace)
         return {
-            "trace_ops": total,
-            "trace_uncounted_ops": uncounted,
-            "trace_counted_fraction": 1.0 - sum(uncounted.values()) / total if total else 1.0,
+            "trace_ops": trace.ops,
+            "trace_uncounted_ops": trace.uncounted,
+            "trace_counted_fraction": trace.counted_fraction,
             "fvcore_uncounted_ops": dict(self.forward.uncounted_ops) if self.forward else None,
         }
 

@@ -526,7 +526,8 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
     if real_inputs:  # real tensors, made before fake mode starts; their fake twins are made on use
         with user_code(f"example_input({batch_size})", source):
             inputs = setup.example_input(batch_size)
-    on_meta = _build_on_meta(setup) if setup.construction == "meta" else None
+    on_meta = (build_on_meta_weights(setup.build_model, setup.example_input, batch_size, source)
+               if setup.construction == "meta" else None)
     with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode, LiveMemoryTracker() as memory:
         model = _build_on_fake(setup) if on_meta is None else on_meta
         if on_meta is not None:
@@ -597,24 +598,21 @@ def _build_on_fake(setup: _Setup) -> torch.nn.Module:
     return _checked_model(model, setup.source)
 
 
-def _build_on_meta(setup: _Setup) -> torch.nn.Module:
-    """build_model() on real tensors with its weights on the meta device (build.weights_on_meta)."""
-    with user_code("build_model()", setup.source), weights_on_meta():
-        model = _checked_model(setup.build_model(), setup.source)
-    _materialize_lazy_modules(model, setup)
-    return model
-
-
-def _materialize_lazy_modules(model: torch.nn.Module, setup: _Setup) -> None:
-    """Lazy modules (`nn.LazyLinear`, `LazyConv2d`) get their parameters' shapes from their first
+def build_on_meta_weights(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],
+                          batch_size: int, source: str | None) -> torch.nn.Module:
+    """build_model() on real tensors with its weights on the meta device (build.weights_on_meta), the
+    way the trace and fvcore's forward profile build a model whose constructor needs tensor values.
+    Lazy modules (`nn.LazyLinear`, `LazyConv2d`) then get their parameters' shapes from their first
     input, as a training script's first forward gives them: one forward on meta inputs, without
-    autograd, before the step is traced (their uninitialised parameters are on the meta device)."""
-    if not any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
-        return
-    with user_code(f"example_input({setup.batch_size})", setup.source), torch.device("meta"):
-        inputs = setup.example_input(setup.batch_size)
-    with torch.no_grad(), user_code("the model's first forward (its lazy modules take their shapes)", setup.source):
-        call_model(model, inputs)
+    autograd (their uninitialised parameters are on the meta device)."""
+    with user_code("build_model()", source), weights_on_meta():
+        model = _checked_model(build_model(), source)
+    if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
+        with user_code(f"example_input({batch_size})", source), torch.device("meta"):
+            inputs = example_input(batch_size)
+        with torch.no_grad(), user_code("the model's first forward (its lazy modules take their shapes)", source):
+            call_model(model, inputs)
+    return model
 
 
 def _checked_model(model: object, source: str | None) -> torch.nn.Module:
