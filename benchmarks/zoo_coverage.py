@@ -1088,8 +1088,7 @@ def table(rows: list[Row]) -> list[str]:
         seconds = f"{trace['seconds']:.1f}" if "seconds" in trace else "-"
         rss = f"{trace['rss_mib']:,.0f}" if "rss_mib" in trace else "-"
         built = trace.get("construction", "-")
-        if trace.get("values") == "fake+real-inputs":
-            built += "+ri"
+        built += {"fake+real-inputs": "+ri", "real": "+real"}.get(trace.get("values"), "")
         cells = [row.name, row.entry.library, row.entry.family, row.status, params_cell(row),
                  _ratio(row.flop_ratio()), _ratio(row.memory_ratio()), seconds, rss, built]
         text = "  ".join(f"{c:<{w}}" if i < 5 else f"{c:>{w}}" for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS)))
@@ -1281,7 +1280,8 @@ def header(timeout: float, memory_gib: float) -> list[str]:
             "matmul-class forward FLOPs / FlopCounterMode's forward FLOPs; mem: the trace's peak / a real CPU step's "
             f"peak of live storages (models under {REAL_STEP_LIMIT / 1e6:.0f} M parameters); trace s and RSS: the "
             "trace call and the child's peak RSS after it (imports included); built: fake or meta construction, "
-            "+ri when traced again on real inputs; uncounted: ops without a cost formula x calls (their share of "
+            "+ri when traced again on real inputs, +real when the step ran on real CPU tensors (weight-dependent "
+            "control flow); uncounted: ops without a cost formula x calls (their share of "
             "the step's bytes)", ""]
 
 

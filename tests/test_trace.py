@@ -199,9 +199,21 @@ class BranchesOnItsWeights(torch.nn.Module):
         return -scores
 
 
-def test_branch_on_weight_values_is_a_clear_user_error() -> None:
+def test_branch_on_weight_values_runs_the_step_for_real() -> None:
+    trace = trace_training_step(BranchesOnItsWeights, lambda b: torch.randn(b, 4), 2, source="model.py")
+    assert trace.values == "real" and trace.params == 20  # Linear(4, 4): 16 weights + 4 biases
+    (mm,) = [r for r in trace.records if r.op == "addmm" and r.phase == "forward"]
+    assert mm.flops == 2 * 2 * 4 * 4  # addmm 2x4 @ 4x4: 2*2*4*4 = 64 FLOPs
+
+
+def test_branch_on_weight_values_too_large_to_run_is_a_clear_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from advisor.profile import real_run
+
+    monkeypatch.setattr(real_run, "available_memory_bytes", lambda: 1000)  # budget 1000 // 4 = 250 bytes
+    # Linear(4, 4) weights 20 x 4 B = 80 B; with gradients and two Adam moments 4 x 80 = 320 B > 250 B
     with pytest.raises(UserError, match=r"model.py branches on values computed from its weights "
-                                        r"\(aten._local_scalar_dense.default\)"):
+                                        r"\(aten._local_scalar_dense.default\), and running its step for real "
+                                        r"on this CPU would need about 0.0 GiB"):
         trace_training_step(BranchesOnItsWeights, lambda b: torch.randn(b, 4), 2, source="model.py")
 
 

@@ -177,9 +177,7 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
         "",
         *_summary(estimate),
     ]
-    warning = coverage_of(trace).warning()
-    if warning:
-        lines.append(warning)
+    lines.extend(note for note in (coverage_of(trace).warning(), trace.values_note()) if note)
     return "\n".join(lines)
 
 

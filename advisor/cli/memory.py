@@ -84,9 +84,8 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
         "",
         _table(plan, db),
     ]
-    warning = None if plan.trace is None else coverage_of(plan.trace).warning()
-    if warning:
-        lines.append(warning)
+    if plan.trace is not None:
+        lines.extend(note for note in (coverage_of(plan.trace).warning(), plan.trace.values_note()) if note)
     return "\n".join(lines)
 
 

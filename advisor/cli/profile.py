@@ -98,7 +98,10 @@ def _singular(unit: str) -> str:
 def _trace_line(profile: ModelProfile) -> str:
     trace = profile.trace
     how = "fake tensors, no memory for weights or activations"
-    if trace.values != "fake":
+    if trace.values == "real":
+        how = ("real CPU tensors with freshly initialised weights: the model branches on values computed from its "
+               "weights")
+    elif trace.values != "fake":
         answered = _op_counts(trace.data_dependent_ops)
         how = ("fake tensors with real input values: the model reads its inputs' values "
                f"({answered} answered from real tensors)")

@@ -14,7 +14,7 @@ from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
 from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
-from advisor.profile.coverage import coverage_of
+from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace
 
@@ -199,6 +199,7 @@ class Estimate:
             },
             "results": [r.to_dict(top_ops) for r in self.results],
             "coverage": coverage_of(trace).to_dict(),
+            "trace": trace_summary(trace),
         }
 
 

@@ -12,7 +12,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, can_fork
-from advisor.profile.coverage import coverage_of
+from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace, trace_training_step
 
@@ -92,6 +92,7 @@ class MemoryPlan:
             "parameter_formula_bytes": self.parameter_formula_bytes,
             "results": [r.to_dict() for r in self.results],
             "coverage": None if self.trace is None else coverage_of(self.trace).to_dict(),
+            "trace": None if self.trace is None else trace_summary(self.trace),
         }
 
 

@@ -73,6 +73,8 @@ class _Entry:
 
 
 REGISTRY: dict[Any, _Entry] = {}
+"""aten OpOverloadPacket (or, for ops of libraries that may not be installed, its qualified name such as
+"torchvision::roi_align") -> its FLOP formula."""
 """aten OpOverloadPacket -> formula."""
 
 GemmShape = tuple[int, int, int, int]
@@ -99,6 +101,7 @@ def register(*ops: Any, matmul: bool = False) -> Callable[[FlopFormula], FlopFor
 
     def decorate(formula: FlopFormula) -> FlopFormula:
         for op in ops:
+            assert op not in REGISTRY, f"two formulas for {op}"
             REGISTRY[op] = _Entry(formula, matmul)
         return formula
 
@@ -348,7 +351,7 @@ def softmax_backward_flops(args: tuple, named: dict, out: Any) -> float:
 
 
 @register(*_ops("sum", "mean", "amax", "amin", "norm", "linalg_vector_norm", "var_mean", "var", "std", "cumsum",
-                "histc", "topk", "floor_divide"))
+                "histc", "topk", "floor_divide", "max", "min", "argmax", "argmin", "any", "all", "_unique2"))
 def reduction_flops(args: tuple, named: dict, out: Any) -> float:
     """One FLOP per input element."""
     return float(args[0].numel())
@@ -480,10 +483,13 @@ Adams write the parameters, both moments and, with amsgrad, the maximum of the s
 
 
 @register(*_ops("hardswish", "hardswish_", "hardswish_backward", "hardsigmoid_backward", "upsample_nearest2d",
-                "upsample_nearest2d_backward", "nll_loss2d_forward", "nll_loss2d_backward"))
+                "upsample_nearest2d_backward", "nll_loss2d_forward", "nll_loss2d_backward", "smooth_l1_loss",
+                "smooth_l1_loss_backward", "binary_cross_entropy_with_logits", "_weight_norm_interface",
+                "_weight_norm_interface_backward"))
 def per_element_flops(args: tuple, named: dict, out: Any) -> float:
     """MobileNetV3's hard activations and their gradients, nearest-neighbour upsampling (a copy), the
-    2-D NLL loss: one FLOP per element of the largest tensor they write or take first (a loss: its
+    2-D NLL, smooth-L1 and logits-BCE losses (detection heads), weight normalisation (Wav2Vec2's
+    positional convolution): one FLOP per element of the largest tensor they write or take first (a loss: its
     per-pixel input, args[0])."""
     sizes = [t.numel() for t in (*tree_flatten(out)[0], args[0]) if isinstance(t, torch.Tensor)]
     return float(max(sizes, default=0))
@@ -497,6 +503,53 @@ gradient element spread over four)."""
 @register(*_ops("upsample_bilinear2d", "upsample_bilinear2d_backward"))
 def bilinear_flops(args: tuple, named: dict, out: Any) -> float:
     return BILINEAR_FLOPS_PER_ELEMENT * per_element_flops(args, named, out)
+
+
+ROI_ALIGN_SAMPLES = 4
+"""Sampling points per output bin of RoIAlign when the call leaves them adaptive (sampling_ratio <= 0):
+2 x 2, what torchvision's detection heads pass explicitly."""
+
+
+def _roi_samples(sampling_ratio: int) -> int:
+    return sampling_ratio * sampling_ratio if sampling_ratio > 0 else ROI_ALIGN_SAMPLES
+
+
+@register("torchvision::roi_align")
+def roi_align_flops(args: tuple, named: dict, out: Any) -> float:
+    """torchvision's RoIAlign (Faster/Mask R-CNN): per output element, sampling_ratio^2 bilinear samples
+    averaged. roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)."""
+    return BILINEAR_FLOPS_PER_ELEMENT * _roi_samples(int(args[5])) * _first_tensor(out).numel()
+
+
+@register("torchvision::_roi_align_backward")
+def roi_align_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    """Each gradient element spread over its bins' bilinear samples. _roi_align_backward(grad, rois,
+    spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width, sampling_ratio, aligned)."""
+    return BILINEAR_FLOPS_PER_ELEMENT * _roi_samples(int(args[9])) * args[0].numel()
+
+
+NMS_FLOPS_PER_PAIR = 12
+"""One IoU of two boxes: intersection (4 max/min, 2 subtractions, 1 product), union (2 areas known,
+2 additions) and the comparison with the threshold."""
+
+
+@register("torchvision::nms")
+def nms_flops(args: tuple, named: dict, out: Any) -> float:
+    """Non-maximum suppression of n boxes as CUDA runs it: the IoU of every pair (a bit mask of n x n/2
+    pairs), after sorting by score."""
+    n = int(args[0].shape[0])
+    return NMS_FLOPS_PER_PAIR * n * (n - 1) / 2 + n * max(1.0, math.log2(max(n, 2)))
+
+
+CDIST_FLOPS_PER_TERM = 3
+"""One term of a distance between two vectors: subtract, square (or absolute value), add."""
+
+
+@register(*_ops("_cdist_forward"))
+def cdist_flops(args: tuple, named: dict, out: Any) -> float:
+    """Pairwise distances of x1 (..., P, M) and x2 (..., R, M): CDIST_FLOPS_PER_TERM per output element
+    and coordinate (DETR's box-cost matrix)."""
+    return float(CDIST_FLOPS_PER_TERM * _first_tensor(out).numel() * int(args[0].shape[-1]))
 
 
 @register(*_ops("sort"))
@@ -535,7 +588,8 @@ DATA_OPS = set(
         "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward",
         "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "nll_loss_forward", "nll_loss_backward",
         "repeat", "roll", "select_backward", "slice_backward", "where", "tril", "triu", "native_dropout", "native_dropout_backward", "bernoulli_",
-        "_foreach_zero_", "rand", "randn", "rand_like", "randn_like",
+        "_foreach_zero_", "rand", "randn", "rand_like", "randn_like", "nonzero", "index_fill", "index_fill_",
+        "randperm", "masked_select", "diagonal_copy", "diagonal_backward", "uniform_", "normal_",
     )
 )
 """Ops that move data but do (next to) no arithmetic: counted with 0 FLOPs and their bytes."""
@@ -587,7 +641,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
     flops, matmul, counted, gemm, conv = 0.0, False, True, None, None
-    entry = REGISTRY.get(packet)
+    entry = REGISTRY.get(packet) or REGISTRY.get(packet._qualified_op_name)
     if entry is not None:
         named = named_arguments(func, args, kwargs or {})
         flops, matmul = float(entry.formula(args, named, out)), entry.matmul

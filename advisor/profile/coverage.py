@@ -66,6 +66,12 @@ class Coverage:
                 "uncounted_bytes_fraction": self.bytes_share, "warning": self.warning()}
 
 
+def trace_summary(trace: StepTrace) -> dict[str, Any]:
+    """How the step was traced, for --json: values ("fake", "fake+real-inputs", "real"), construction
+    ("fake", "meta") and the note a real run carries (StepTrace.values_note), else None."""
+    return {"values": trace.values, "construction": trace.construction, "note": trace.values_note()}
+
+
 def coverage_of(trace: StepTrace) -> Coverage:
     """The coverage of the trace's ops."""
     uncounted = [r for r in trace.records if not r.counted]

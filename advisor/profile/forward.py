@@ -31,8 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from advisor.errors import UserError
-from advisor.probe.cpu import available_memory_bytes
 from advisor.profile.costs import op_cost
+from advisor.profile.real_run import REAL_RUN_MEMORY_SHARE, real_run_budget_bytes
 from advisor.profile.trace import build_on_meta_weights, call_model, fake_tensor_log_silenced
 from advisor.profile.user_code import UserCodeError, user_code
 
@@ -41,10 +41,6 @@ FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::e
 """fvcore's own handles we keep; they count multiply-adds, converted to FLOPs (x2)."""
 
 FLOPS_PER_MAC = 2
-
-FALLBACK_AVAILABLE_BYTES = 8 * 2**30
-"""Memory assumed available where /proc/meminfo cannot be read."""
-
 
 @dataclass(frozen=True)
 class ForwardProfile:
@@ -329,7 +325,7 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
     Runs on the meta device. Where that fails (torch's meta convolution cannot run under the
     TorchScript tracer; models that read their input values) it runs on real CPU tensors without
     autograd, if the weights and `forward_bytes` (what the forward writes, from the trace) fit in
-    a quarter of the available memory; otherwise it raises a UserError that says so."""
+    real_run.py's share of the available memory; otherwise it raises a UserError that says so."""
     model, inputs = _build_on_meta(build_model, example_input, batch_size, source)
     try:
         return _analyse(model, inputs, "meta", source)
@@ -337,11 +333,12 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
         reason = meta_error.sentence if isinstance(meta_error, UserCodeError) else str(meta_error)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     needed = parameter_bytes + (forward_bytes or 0)
-    budget = (available_memory_bytes() or FALLBACK_AVAILABLE_BYTES) // 4
+    budget = real_run_budget_bytes()
     if needed > budget:
         raise UserError(
             f"fvcore could not trace the model on the meta device ({reason}) and real tensors would need "
-            f"about {needed / 2**30:.1f} GiB, over a quarter of the available memory ({budget / 2**30:.1f} GiB)"
+            f"about {needed / 2**30:.1f} GiB, over 1/{REAL_RUN_MEMORY_SHARE} of the available memory "
+            f"({budget / 2**30:.1f} GiB)"
         )
     model, inputs = _build(build_model, example_input, batch_size, source)
     with torch.no_grad():

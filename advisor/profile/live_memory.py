@@ -179,6 +179,8 @@ class LiveMemoryTracker(TorchDispatchMode):
         self.phase_starts: dict[str, int] = {}
         self.tick = BEFORE_STEP
         self.state = "before"  # "before", "open", "closed"
+        self.live_bytes = 0
+        """Bytes of the registered storages alive now."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.state == "open":
@@ -213,6 +215,7 @@ class LiveMemoryTracker(TorchDispatchMode):
         index = len(self._nbytes)
         self._ids[storage] = index
         self._nbytes.append(storage.nbytes())
+        self.live_bytes += self._nbytes[-1]
         self._allocated.append(self.tick if self.state == "open" else BEFORE_STEP)
         self._freed.append(None)
         self._category.append(category)
@@ -223,6 +226,7 @@ class LiveMemoryTracker(TorchDispatchMode):
         return index
 
     def _on_free(self, index: int) -> None:
+        self.live_bytes -= self._nbytes[index]
         if self.state == "before":
             self._freed[index] = BEFORE_STEP
         elif self.state == "open":

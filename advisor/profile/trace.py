@@ -7,8 +7,11 @@ TorchDispatchMode with its phase, module, FLOPs and bytes from the cost registry
 Models that look at the values of their inputs (`mask.all()`, `.item()`, `nonzero`, as Hugging
 Face models and detection heads do) cannot run on values-free fake tensors. For them the step is
 traced again with real inputs, and every small tensor computed from inputs alone (no weights) is
-also computed for real beside its fake twin; a data-dependent op then gets its real answer. The
-trace says which way it was taken (`values`: "fake" or "fake+real-inputs").
+also computed for real beside its fake twin; a data-dependent op then gets its real answer. Models
+that branch on values computed from their weights (detection heads, Hungarian matching) run the
+step for real on this CPU with freshly initialised weights (real_run.py). The trace says which way
+it was taken (`values`: "fake", "fake+real-inputs" or "real"). Every trace draws its random numbers
+from one seed, so a model that reads them (layerdrop, SpecAugment) traces the same step every time.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.finite import FiniteActivations
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
+from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
 from advisor.profile.watch import TraceWatch
@@ -111,8 +115,9 @@ class StepTrace:
     params: int
     records: tuple[OpRecord, ...] = field(repr=False)
     values: str = "fake"
-    """How values were provided: "fake" (shapes only) or "fake+real-inputs" (the fallback for
-    models whose control flow reads their inputs)."""
+    """How values were provided: "fake" (shapes only), "fake+real-inputs" (the fallback for models
+    whose control flow reads their inputs) or "real" (the step run on real CPU tensors with freshly
+    initialised weights, for models whose control flow reads values computed from their weights)."""
     data_dependent_ops: dict[str, int] = field(default_factory=dict)
     """Ops answered from real values in the fallback, op name -> calls."""
     params_by_module: dict[str, int] = field(default_factory=dict, repr=False)
@@ -150,6 +155,14 @@ class StepTrace:
         temporaries before any is freed."""
         return sum(r.bytes_written for r in self.records if phase is None or r.phase == phase)
 
+    def values_note(self) -> str | None:
+        """One sentence when the trace ran on real values that a trained model would not give, else None."""
+        if self.values != "real":
+            return None
+        return ("Note: the model branches on values computed from its weights, so its step was run for real on "
+                "this CPU with freshly initialised weights; what depends on those values (boxes kept, targets "
+                "matched, masks drawn) is what a new model gives, a trained one may differ")
+
     def uncounted(self) -> dict[str, int]:
         """Ops with no FLOP formula, op name -> calls."""
         counts: dict[str, int] = {}
@@ -165,6 +178,7 @@ class StepTrace:
             "optimizer": self.optimizer,
             "params": self.params,
             "values": self.values,
+            "construction": self.construction,
             "data_dependent_ops": dict(self.data_dependent_ops),
             "flops": {phase: self.flops(phase) for phase in PHASES} | {"total": self.flops()},
             "bytes": {phase: self.bytes_moved(phase) for phase in PHASES} | {"total": self.bytes_moved()},
@@ -197,6 +211,14 @@ class _StepModuleTracker(ModuleTracker):
             super()._fw_post_hook(mod, input, output)
 
 
+class _OverBudget(UserError):
+    """A step run on real tensors outgrew its memory budget (`live_bytes`); _trace_for_real says so."""
+
+    def __init__(self, live_bytes: int) -> None:
+        super().__init__(f"{live_bytes} bytes live")
+        self.live_bytes = live_bytes
+
+
 class _CostFormulaError(AssertionError):
     """A cost formula failed on an op: our bug, never blamed on the user's model."""
 
@@ -208,8 +230,11 @@ class _Recorder(TorchDispatchMode):
     real twin, and an op that needs values is answered from the twins."""
 
     def __init__(self, tracker: ModuleTracker, memory: LiveMemoryTracker,
-                 fake_mode: FakeTensorMode | None = None, watch: TraceWatch | None = None) -> None:
+                 fake_mode: FakeTensorMode | None = None, watch: TraceWatch | None = None,
+                 memory_limit: int | None = None) -> None:
         super().__init__()
+        self.memory_limit = memory_limit
+        """Bytes of live storages past which the op stops the step (_OverBudget): a real run's budget."""
         self.tracker = tracker
         self.memory = memory
         self.watch = watch or TraceWatch()
@@ -251,6 +276,8 @@ class _Recorder(TorchDispatchMode):
             self.memory.observe(out, func.overloadpacket.__name__)
         else:
             self._keep_real_twin(func, args, kwargs, out)
+        if self.memory_limit is not None and self.memory.live_bytes > self.memory_limit:
+            raise _OverBudget(self.memory.live_bytes)
         return self._record(func, args, kwargs, out, first_storage)
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, first_storage: int) -> Any:
@@ -506,33 +533,57 @@ def _trace_with_either_inputs(setup: _Setup) -> StepTrace:
     source = setup.source
     try:
         with fake_tensor_log_silenced():
-            return _trace(setup, real_inputs=False)
+            return _trace(setup, "fake")
     except DATA_DEPENDENT_ERRORS:
         pass
     try:
         with fake_tensor_log_silenced():
-            return _trace(setup, real_inputs=True)
+            return _trace(setup, "fake+real-inputs")
     except DATA_DEPENDENT_ERRORS as exc:
         op = getattr(exc, "func", None)
-        raise UserError(
-            f"{source or 'the model'} branches on values computed from its weights"
-            f"{f' ({op})' if op is not None else ''}, which the profiler's fake tensors do not have; "
-            "make that branch depend on shapes or inputs only, or move it out of the training step"
-        ) from exc
+        why = f"branches on values computed from its weights{f' ({op})' if op is not None else ''}"
+    return _trace_for_real(setup, why)
 
 
-def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
+def _trace_for_real(setup: _Setup, why: str) -> StepTrace:
+    """The step run on real CPU tensors (real_run.py), when its weights, gradients and optimizer state
+    fit in the real run's budget; `why` (the op that needed values) goes into the error otherwise."""
+    source = setup.source
+    setup.watch.report(f"{source or 'the model'} {why}: running its step for real on this CPU")
+    model = build_on_meta_weights(setup.build_model, setup.example_input, setup.batch_size, source)
+    weights = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+    budget = check_weights_fit(sum(t.numel() * t.element_size() for t in weights), why, source)
+    del model, weights
+    try:
+        return _trace(setup, "real", memory_limit=budget)
+    except _OverBudget as exc:
+        raise too_large_during_step(exc.live_bytes, budget, setup.batch_size, why, source) from None
+
+
+def _trace(setup: _Setup, values: str, memory_limit: int | None = None) -> StepTrace:
+    """One attempt at the step with its `values` ("fake", "fake+real-inputs" or "real"; StepTrace.values);
+    a real run stops past `memory_limit` live bytes. Random numbers come from one seed."""
+    with seeded_random_numbers():
+        return _trace_seeded(setup, values, memory_limit)
+
+
+def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepTrace:
     source, batch_size = setup.source, setup.batch_size
-    if real_inputs:  # real tensors, made before fake mode starts; their fake twins are made on use
+    real = values == "real"
+    if values != "fake":  # real tensors, made before fake mode starts; their fake twins are made on use
         with user_code(f"example_input({batch_size})", source):
             inputs = setup.example_input(batch_size)
     on_meta = (build_on_meta_weights(setup.build_model, setup.example_input, batch_size, source)
-               if setup.construction == "meta" else None)
-    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode, LiveMemoryTracker() as memory:
-        model = _build_on_fake(setup) if on_meta is None else on_meta
+               if setup.construction == "meta" and not real else None)
+    fake_or_real = nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_or_real as fake_mode, LiveMemoryTracker() as memory:
+        if real:
+            model = _build_for_real(setup, inputs)
+        else:
+            model = _build_on_fake(setup) if on_meta is None else on_meta
         if on_meta is not None:
             fake_twins(model)
-        if not real_inputs:
+        if values == "fake":
             with user_code(f"example_input({batch_size})", source):
                 inputs = setup.example_input(batch_size)
         _check_inputs(inputs, batch_size, source)
@@ -548,7 +599,8 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
         opt = make_optimizer(setup.optimizer, params)
         scaler = _GradScalerOps() if setup.precision == "amp-fp16" else None
         tracker = _StepModuleTracker()
-        recorder = _Recorder(tracker, memory, fake_mode if real_inputs else None, setup.watch)
+        recorder = _Recorder(tracker, memory, fake_mode if values == "fake+real-inputs" else None, setup.watch,
+                             memory_limit)
         with tracker, recorder:
             recorder.phase = "optimizer"
             _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients)
@@ -557,7 +609,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
             finite = FiniteActivations()
-            with fused or nullcontext(), finite:  # through backward too: checkpointed blocks run forward there
+            with fused or nullcontext(), nullcontext() if real else finite:  # real values answer for themselves  # through backward too: checkpointed blocks run forward there
                 loss = _forward(model, inputs, setup)
                 fused_calls = 0 if fused is None else fused.calls
                 memory.start_phase("backward")
@@ -579,7 +631,7 @@ def _trace(setup: _Setup, real_inputs: bool) -> StepTrace:
             del loss
             live_memory = memory.close_step()
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
-                     tuple(recorder.records), "fake+real-inputs" if real_inputs else "fake",
+                     tuple(recorder.records), values,
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
                      finite.answered)
@@ -596,6 +648,19 @@ def _build_on_fake(setup: _Setup) -> torch.nn.Module:
     except (*DATA_DEPENDENT_ERRORS, UserCodeError) as exc:
         raise _ConstructorNeedsValues from exc
     return _checked_model(model, setup.source)
+
+
+def _build_for_real(setup: _Setup, inputs: Any) -> torch.nn.Module:
+    """build_model() on real CPU tensors, its weights initialised as its constructor does; lazy modules
+    take their shapes from one forward on `inputs` without autograd, as a training script's first
+    forward gives them."""
+    with user_code("build_model()", setup.source):
+        model = _checked_model(setup.build_model(), setup.source)
+    if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
+        with torch.no_grad(), user_code("the model's first forward (its lazy modules take their shapes)",
+                                        setup.source):
+            call_model(model, inputs)
+    return model
 
 
 def build_on_meta_weights(build_model: Callable[[], torch.nn.Module], example_input: Callable[[int], Any],

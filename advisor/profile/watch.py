@@ -33,6 +33,11 @@ class TraceWatch:
     def __post_init__(self) -> None:
         self._next_report = self.started + REPORT_EVERY_S
 
+    def report(self, message: str) -> None:
+        """Pass one line of progress on (what the trace does next)."""
+        if self.progress is not None:
+            self.progress(message)
+
     def tick(self, phase: str, module: Callable[[], str]) -> None:
         """One op traced in `phase`; `module` names the module it ran in (called only when needed)."""
         self.ops += 1

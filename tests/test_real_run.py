@@ -1,0 +1,101 @@
+"""The step run for real on CPU tensors, for models that branch on values computed from their weights
+(advisor/profile/real_run.py), and the one seed every trace draws its random numbers from."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from advisor.errors import UserError
+from advisor.profile import real_run
+from advisor.profile.trace import trace_training_step
+
+
+class KeepsPositiveRows(nn.Module):
+    """A detection head in miniature: scores from the weights decide which rows go on
+    (`torch.where(keep)`, as torchvision's remove_small_boxes), so the shapes downstream depend on them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(8, 1)
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.where(self.score(x).squeeze(1) > 0)[0]
+        return self.head(x[keep])
+
+
+def rows(batch: int) -> torch.Tensor:
+    return torch.randn(batch, 8)
+
+
+def kept_rows(trace) -> int:
+    (head,) = [r for r in trace.records if r.phase == "forward" and r.module == "head" and r.op == "addmm"]
+    return head.gemm[1]  # (batch, m, n, k): m rows went through the head
+
+
+def test_weight_dependent_shapes_come_from_a_real_step() -> None:
+    trace = trace_training_step(KeepsPositiveRows, rows, 64)
+    assert trace.values == "real"
+    # score Linear(8, 1): 9, head Linear(8, 8): 72 -> 81 parameters
+    assert trace.params == 81
+    kept = kept_rows(trace)
+    assert 0 < kept < 64  # a fresh model keeps some rows: about half of 64 random ones
+    (score,) = [r for r in trace.records if r.phase == "forward" and r.module == "score" and r.op == "addmm"]
+    assert score.flops == 2 * 64 * 1 * 8  # addmm 64x8 @ 8x1: 2*64*1*8 = 1,024 FLOPs
+    assert trace.memory is not None and trace.memory.peak().bytes > 0
+
+
+def test_the_real_step_is_the_same_on_every_run() -> None:
+    first, second = (trace_training_step(KeepsPositiveRows, rows, 64) for _ in range(2))
+    assert kept_rows(first) == kept_rows(second)
+    assert [r.op for r in first.records] == [r.op for r in second.records]
+    assert first.memory.peak().bytes == second.memory.peak().bytes
+
+
+def test_traces_leave_the_callers_random_numbers_alone() -> None:
+    torch.manual_seed(123)
+    random.seed(123)
+    expected = (torch.rand(1).item(), random.random())
+    torch.manual_seed(123)
+    random.seed(123)
+    trace_training_step(KeepsPositiveRows, rows, 4)
+    assert (torch.rand(1).item(), random.random()) == expected
+
+
+def test_random_numbers_a_model_reads_are_the_same_on_every_trace() -> None:
+    class LayerDrop(nn.Module):  # Hugging Face's layerdrop: `if torch.rand([]) < p: skip the layer`
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(12))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                if torch.rand([]) >= 0.5:
+                    x = layer(x)
+            return x
+
+    ops = {len(trace_training_step(LayerDrop, lambda b: torch.randn(b, 4), 2).records) for _ in range(3)}
+    assert len(ops) == 1
+
+
+def test_weights_too_large_for_a_real_run_are_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(real_run, "available_memory_bytes", lambda: 4 * 1000)  # budget 4000 // 4 = 1,000 B
+    # 81 parameters x 4 B = 324 B; weights, gradients and Adam's two moments: 4 x 324 = 1,296 B > 1,000 B
+    with pytest.raises(real_run.RealRunTooLarge, match=r"^m.py branches on values computed from its weights "
+                                                       r"\(aten.nonzero.default\), and running its step for real "
+                                                       r"on this CPU would need about 0.0 GiB for weights"):
+        trace_training_step(KeepsPositiveRows, rows, 64, source="m.py")
+
+
+def test_activations_that_outgrow_the_budget_stop_the_real_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(real_run, "available_memory_bytes", lambda: 4 * 20_000)  # budget 20,000 B
+    # weights fit (1,296 B); batch 1024 inputs alone are 1024 x 8 x 4 B = 32 KiB > 20,000 B
+    with pytest.raises(UserError, match=r"its step run for real on this CPU at batch 1024 outgrew 1/4 of the "
+                                        r"available memory .*; try a smaller --batch-size"):
+        trace_training_step(KeepsPositiveRows, rows, 1024)
+    # at batch 8 the whole step stays far under it
+    assert trace_training_step(KeepsPositiveRows, rows, 8).values == "real"
