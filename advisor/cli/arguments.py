@@ -15,7 +15,7 @@ from collections.abc import Callable
 from advisor.errors import shorten
 from advisor.estimate.costs import DEFAULT_SAMPLES
 from advisor.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_JOB_SAMPLES
-from advisor.profile.choices import OPTIMIZERS, PRECISIONS
+from advisor.profile.choices import DEFAULT_OPTIMIZER, FILE_OPTIMIZER, OPTIMIZER_CHOICES, PRECISIONS
 from advisor.profile.model_file import DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLE, builtin_examples
 from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
@@ -101,7 +101,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast, fp32 master weights), "
                              "bf16/fp16 (pure low precision); default fp32")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
+    parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES,
+                        help=f"'{FILE_OPTIMIZER}': what the model file's optimizer(params) builds; default: that "
+                             f"when the file defines one, else {DEFAULT_OPTIMIZER}")
     parser.add_argument("--trace-timeout", type=bounded_float(MAX_TRACE_TIMEOUT_S, allow_zero=True),
                         default=DEFAULT_TRACE_TIMEOUT_S, metavar="SECONDS",
                         help=f"stop tracing a step that takes longer (default {DEFAULT_TRACE_TIMEOUT_S:g}; 0: no limit)")

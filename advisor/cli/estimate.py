@@ -18,6 +18,7 @@ from advisor.errors import UserError
 from advisor.estimate.costs import Job
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
+from advisor.profile.choices import describe_optimizer
 from advisor.profile.coverage import coverage_of
 from advisor.profile.model_file import ModelFile, load_model_file
 
@@ -54,7 +55,7 @@ def estimate_from_arguments(args: argparse.Namespace, db: HardwareDB) -> Estimat
     with user_output_to_stderr():
         model = load_model_file(args.model)
         job = job_from_arguments(args, model)
-        memory = settings_from_arguments(args, args.batch_size or model.default_batch_size)
+        memory = settings_from_arguments(args, model)
         settings = EstimateSettings(memory, job, args.spot)
         targets = build_targets(args, db)  # after the cheap checks: --local may calibrate for seconds
         return estimate_model(model, db, targets, settings, progress=progress)
@@ -166,7 +167,7 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
     lines = [
         f"Model: {model.name} ({model.source}), {count(trace.params)} parameters, "
         f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)",
-        f"Settings: {batch}, {memory.precision}, {memory.optimizer}{options}; "
+        f"Settings: {batch}, {memory.precision}, {describe_optimizer(memory.optimizer, trace.optimizer_class)}{options}; "
         f"job: {settings.job.describe(memory.batch_size, unit)}",
         _calibration_line(estimate),
         "Peak/Mem: peak training memory / device memory (GiB = 2^30 bytes); Step: one optimizer step; "

@@ -15,8 +15,9 @@ from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
+from advisor.profile.choices import describe_optimizer
 from advisor.profile.coverage import coverage_of
-from advisor.profile.model_file import load_model_file
+from advisor.profile.model_file import ModelFile, load_model_file
 
 if TYPE_CHECKING:
     from advisor.memory.plan import MemoryPlan, MemorySettings
@@ -36,11 +37,13 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.set_defaults(run=run)
 
 
-def settings_from_arguments(args: argparse.Namespace, batch_size: int) -> MemorySettings:
+def settings_from_arguments(args: argparse.Namespace, model: ModelFile) -> MemorySettings:
+    """The memory settings of the command line for `model` (its batch and optimizer when the line names none)."""
     from advisor.memory.plan import MemorySettings
 
     context = None if args.cuda_context_mib is None else int(args.cuda_context_mib * units.MIB)
-    return MemorySettings(batch_size, args.precision, args.optimizer, args.checkpointing, args.micro_batch, context,
+    return MemorySettings(args.batch_size or model.default_batch_size, args.precision,
+                          model.resolve_optimizer(args.optimizer), args.checkpointing, args.micro_batch, context,
                           args.trace_timeout or None)
 
 
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     gpus = [db.gpu(gpu_id) for gpu_id in unique(args.gpu)] or list(db.gpus)
     with user_output_to_stderr():
         model = load_model_file(args.model)
-        settings = settings_from_arguments(args, args.batch_size or model.default_batch_size)
+        settings = settings_from_arguments(args, model)
         plan = plan_memory(model, db, gpus, settings, progress=progress)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
@@ -75,7 +78,7 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
     per_forward = "micro-batch" if settings.accumulate_gradients else "batch"
     lines = [
         f"Model: {plan.model_name}, {plan.params:,} trainable parameters; {batch}, {settings.precision}, "
-        f"{settings.optimizer}{options}",
+        f"{describe_optimizer(settings.optimizer, plan.trace.optimizer_class if plan.trace else '')}{options}",
         f"Tensors at the peak ({step.peak_phase}): {gib(step.tensor_peak)} GiB = {parts}; "
         f"caching allocator reserve {gib(step.reserved)} GiB (max_memory_reserved, before the cuBLAS workspace)",
         f"Parameter-count formula (weights+grads+optimizer, no activations): {gib(plan.parameter_formula_bytes)} GiB",

@@ -14,6 +14,7 @@ from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
+from advisor.profile.choices import describe_optimizer
 from advisor.profile.model_file import load_model_file
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         model = load_model_file(args.model)
         progress(f"tracing a training step of {model.source} on fake tensors"
                  + ("" if args.no_fvcore else ", then fvcore's forward profile"))
-        profile = profile_model(model, args.batch_size, args.precision, args.optimizer,
+        profile = profile_model(model, args.batch_size, args.precision, model.resolve_optimizer(args.optimizer),
                                 with_fvcore=not args.no_fvcore, timeout_s=args.trace_timeout or None,
                                 progress=progress)
     if args.json:
@@ -62,7 +63,7 @@ def render_profile(profile: ModelProfile, depth: int, top: int) -> str:
     lines = [
         f"Model: {profile.model.source}, {count(profile.params)} trainable parameters "
         f"({profile.params:,}); batch of {batch} {_singular(unit) if batch == 1 else unit}, {trace.precision}, "
-        f"{trace.optimizer}",
+        f"{describe_optimizer(trace.optimizer, trace.optimizer_class)}",
         f"FLOPs (2 per multiply-add): forward {si(profile.forward_flops, 'FLOP')} "
         f"({si(profile.forward_flops / batch, 'FLOP')} per {_singular(unit)}), "
         f"train step {si(profile.train_step_flops, 'FLOP')} = forward+loss {si(trace.flops('forward'), 'FLOP')} "

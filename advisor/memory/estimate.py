@@ -183,8 +183,8 @@ def parameter_formula_bytes(params: int, precision: str, optimizer: str) -> int:
     """The parameter-count baseline (as `accelerate estimate-memory` and DeepSpeed's estimators
     compute it): weights + gradients + optimizer state per parameter, no activations, no overhead.
     fp32: 4 + 4 + state; amp: + a 2-byte low-precision copy; pure bf16/fp16: 2 + 2 + state at 2.
-    State per parameter: Adam(W) 2 values, momentum 1, SGD and Adafactor (factored) ~0."""
-    state_values = {"adam": 2, "adamw": 2, "momentum": 1}.get(optimizer, 0)
+    State per parameter: Adam(W) 2 values (fused or not), momentum 1, SGD and Adafactor (factored) ~0."""
+    state_values = {"adam": 2, "adamw": 2, "momentum": 1}.get(optimizer.removesuffix("-fused"), 0)
     if precision in ("bf16", "fp16"):
         return params * (2 + 2 + 2 * state_values)
     copy = 2 if precision.startswith("amp") else 0

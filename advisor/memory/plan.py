@@ -12,6 +12,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, can_fork
+from advisor.profile.choices import FILE_OPTIMIZER
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace, trace_training_step
@@ -105,7 +106,8 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
                                settings.optimizer, model.loss_fn, model.source,
                                checkpointing=settings.checkpointing,
                                accumulate_gradients=settings.accumulate_gradients, attention=attention,
-                               timeout_s=settings.trace_timeout_s, progress=progress)
+                               timeout_s=settings.trace_timeout_s, progress=progress,
+                               build_optimizer=model.optimizer)
 
 
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
@@ -145,6 +147,12 @@ def step_memory(trace: StepTrace, second: StepTrace) -> tuple[StepMemory, BatchM
     return step, BatchMemoryModel(step, StepMemory.of_trace(second))
 
 
+def formula_optimizer(trace: StepTrace) -> str:
+    """The optimizer name the parameter-count formula knows: the trace's, or for the model file's own
+    its class ("AdamW" -> "adamw"; an SGD's momentum is not known there, so it counts none)."""
+    return trace.optimizer_class.lower() if trace.optimizer == FILE_OPTIMIZER else trace.optimizer
+
+
 def plan_memory(
     model: ModelFile,
     db: HardwareDB,
@@ -160,5 +168,5 @@ def plan_memory(
     results = tuple(device_memory(step, gpu, db.memory_overhead(gpu), batch_model, settings.cuda_context_bytes)
                     for gpu in gpus)
     return MemoryPlan(model.name, trace.params, settings, step, batch_model, results,
-                      parameter_formula_bytes(trace.params, settings.precision, settings.optimizer),
+                      parameter_formula_bytes(trace.params, settings.precision, formula_optimizer(trace)),
                       trace.checkpointed, trace)

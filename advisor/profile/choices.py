@@ -27,3 +27,21 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adam-fused", "adamw-fused") +
 """Adafactor (torch >= 2.5) is the memory-light choice torch offers: factored second moments, no first.
 The `-fused` Adams are `fused=True` (Hugging Face Trainer's and torchtitan's usual choice): one kernel
 per parameter list, without the foreach form's full-size temporaries."""
+
+FILE_OPTIMIZER = "file"
+"""The optimizer the model file's `optimizer(params)` builds (PRODUCT.md's contract): the default when the
+file defines one."""
+
+OPTIMIZER_CHOICES = OPTIMIZERS + (FILE_OPTIMIZER,)
+"""What --optimizer accepts."""
+
+DEFAULT_OPTIMIZER = "adamw"
+"""The optimizer when neither --optimizer nor the model file names one."""
+
+
+def describe_optimizer(name: str, class_name: str = "") -> str:
+    """How outputs name an optimizer: the model file's one by its class ("optimizer() of the model file:
+    SGD"), the others by their name."""
+    if name != FILE_OPTIMIZER:
+        return name
+    return f"optimizer() of the model file{f': {class_name}' if class_name else ''}"

@@ -6,6 +6,7 @@
     SAMPLE_UNIT = "images"                      # optional
     BATCH_SIZE = 32                             # optional (an extension): the usual training batch
     TRAIN_SAMPLES = 1_281_167                   # optional (an extension): samples in one epoch
+    def optimizer(params) -> torch.optim.Optimizer  # optional: the optimizer the training script builds
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from advisor.errors import UserError, closest_matches, shorten
 from advisor.limits import MAX_BATCH_SIZE, MAX_JOB_SAMPLES
 from advisor.paths import shipped_dir
+from advisor.profile.choices import DEFAULT_OPTIMIZER, FILE_OPTIMIZER
 from advisor.profile.user_code import user_code
 
 DEFAULT_EXAMPLE = "resnet50"
@@ -56,6 +58,18 @@ class ModelFile:
     """The file's optional BATCH_SIZE: the batch it is usually trained with."""
     train_samples: int | None = None
     """The file's optional TRAIN_SAMPLES: samples in one epoch of its usual dataset."""
+    optimizer: Callable[[list[Any]], Any] | None = None
+    """The file's optional optimizer(params): builds the training script's optimizer over the trainable
+    parameters (choices.FILE_OPTIMIZER)."""
+
+    def resolve_optimizer(self, requested: str | None) -> str:
+        """The optimizer to trace: `requested` (--optimizer), else the file's own when it defines one,
+        else DEFAULT_OPTIMIZER. A UserError when --optimizer file names a function the file lacks."""
+        if requested == FILE_OPTIMIZER and self.optimizer is None:
+            raise UserError(f"--optimizer {FILE_OPTIMIZER}: {self.source} defines no optimizer(params) function")
+        if requested is not None:
+            return requested
+        return FILE_OPTIMIZER if self.optimizer is not None else DEFAULT_OPTIMIZER
 
     @property
     def default_batch_size(self) -> int:
@@ -191,9 +205,15 @@ def load_model_file(spec: str | None) -> ModelFile:
     if batch_size is not None and not _whole_number_in(batch_size, MAX_BATCH_SIZE):
         raise UserError(f"{source}: BATCH_SIZE must be a whole number from 1 to {MAX_BATCH_SIZE:,}, "
                         f"got {_short_repr(batch_size)}")
+    optimizer = getattr(module, "optimizer", None)
+    if optimizer is not None:
+        if not callable(optimizer):
+            raise UserError(f"{source}: optimizer must be a function optimizer(params) that returns a "
+                            "torch.optim.Optimizer")
+        _check_accepts(optimizer, 1, "optimizer", source)
     train_samples = getattr(module, "TRAIN_SAMPLES", None)
     if train_samples is not None and not _whole_number_in(train_samples, MAX_JOB_SAMPLES):
         raise UserError(f"{source}: TRAIN_SAMPLES must be a whole number from 1 to {MAX_JOB_SAMPLES:.0e}, "
                         f"got {_short_repr(train_samples)}")
     return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size,
-                     train_samples)
+                     train_samples, optimizer)

@@ -198,7 +198,8 @@ def profile_model(model: ModelFile, batch_size: int | None = None, precision: st
     batch = batch_size if batch_size is not None else model.default_batch_size
     started = time.perf_counter()
     trace = trace_training_step(model.build_model, model.example_input, batch, precision, optimizer,
-                                model.loss_fn, model.source, timeout_s=timeout_s, progress=progress)
+                                model.loss_fn, model.source, timeout_s=timeout_s, progress=progress,
+                                build_optimizer=model.optimizer)
     trace_seconds = time.perf_counter() - started
     forward = forward_error = forward_seconds = None
     if with_fvcore:

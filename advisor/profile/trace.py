@@ -36,7 +36,7 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
-from advisor.profile.choices import OPTIMIZERS, PRECISIONS
+from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISIONS
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
@@ -138,6 +138,9 @@ class StepTrace:
     """Attention calls with dropout traced as a fused kernel (attention "cuda"); 0 on the CPU path."""
     assumed_finite: int = 0
     """Checks of activations for inf or NaN answered by assuming them finite (finite.py)."""
+    optimizer_class: str = ""
+    """Class of the optimizer that stepped (torch.optim's name: "AdamW", "SGD"), the model file's own for
+    optimizer "file"."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -176,6 +179,7 @@ class StepTrace:
             "batch_size": self.batch_size,
             "precision": self.precision,
             "optimizer": self.optimizer,
+            "optimizer_class": self.optimizer_class,
             "params": self.params,
             "values": self.values,
             "construction": self.construction,
@@ -474,6 +478,8 @@ class _Setup:
     """How attention with dropout runs: "cpu" (the math path) or "cuda" (attention.FusedAttentionDropout)."""
     watch: TraceWatch = field(default_factory=TraceWatch)
     """Progress and deadline, shared by every attempt."""
+    build_optimizer: Callable[[list[torch.nn.Parameter]], Any] | None = None
+    """The model file's optimizer(params), for optimizer "file"."""
 
 
 class _ConstructorNeedsValues(Exception):
@@ -485,7 +491,7 @@ def check_step_settings(precision: str, optimizer: str, batch_size: int | None =
     size below 1 (None: not given yet, the model file's default will be used)."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
-    if optimizer not in OPTIMIZERS:
+    if optimizer not in OPTIMIZERS and optimizer != FILE_OPTIMIZER:
         raise UserError(f"unknown optimizer '{optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
     if batch_size is not None and batch_size < 1:
         raise UserError(f"batch size must be at least 1, got {batch_size}")
@@ -505,6 +511,7 @@ def trace_training_step(
     attention: str = "cpu",
     timeout_s: float | None = None,
     progress: Callable[[str], None] | None = None,
+    build_optimizer: Callable[[list[torch.nn.Parameter]], Any] | None = None,
 ) -> StepTrace:
     """Build the model on fake tensors and trace one steady-state training step: the optimizer's
     state already exists (a first, unrecorded step creates it), gradients were set to None by the
@@ -521,7 +528,9 @@ def trace_training_step(
     assert attention in ATTENTION_PATHS, attention
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
                    checkpointing, accumulate_gradients, attention=attention,
-                   watch=TraceWatch(timeout_s, progress, source))
+                   watch=TraceWatch(timeout_s, progress, source), build_optimizer=build_optimizer)
+    if optimizer == FILE_OPTIMIZER and build_optimizer is None:
+        raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
     try:
         return _trace_with_either_inputs(setup)
     except _ConstructorNeedsValues:
@@ -596,14 +605,15 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
         if not params:
             raise UserError(f"{source or 'the model'} has no trainable parameters")
         checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
-        opt = make_optimizer(setup.optimizer, params)
+        opt = _optimizer(setup, params)
         scaler = _GradScalerOps() if setup.precision == "amp-fp16" else None
         tracker = _StepModuleTracker()
         recorder = _Recorder(tracker, memory, fake_mode if values == "fake+real-inputs" else None, setup.watch,
                              memory_limit)
         with tracker, recorder:
             recorder.phase = "optimizer"
-            _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients)
+            with _optimizer_code(setup, "the optimizer's first step"):
+                _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients)
             _label_step_state(memory, model, opt, inputs, params, setup.accumulate_gradients)
             memory.open_step("forward")
             recorder.phase, recorder.recording = "forward", True
@@ -623,7 +633,8 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
             recorder.phase = "optimizer"
             if scaler is not None:
                 scaler.unscale(params)
-            opt.step()
+            with _optimizer_code(setup, "the optimizer's step"):
+                opt.step()
             if scaler is not None:
                 scaler.update()
             if not setup.accumulate_gradients:
@@ -634,7 +645,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
                      tuple(recorder.records), values,
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
-                     finite.answered)
+                     finite.answered, type(opt).__name__)
 
 
 def _build_on_fake(setup: _Setup) -> torch.nn.Module:
@@ -648,6 +659,29 @@ def _build_on_fake(setup: _Setup) -> torch.nn.Module:
     except (*DATA_DEPENDENT_ERRORS, UserCodeError) as exc:
         raise _ConstructorNeedsValues from exc
     return _checked_model(model, setup.source)
+
+
+def _optimizer(setup: _Setup, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The step's optimizer: make_optimizer's, or the model file's optimizer(params) run as CUDA would run
+    it: param groups that leave `foreach` unset get the multi-tensor form, torch's default for CUDA
+    tensors (on the trace's CPU tensors torch would pick the per-parameter loop)."""
+    if setup.optimizer != FILE_OPTIMIZER:
+        return make_optimizer(setup.optimizer, params)
+    assert setup.build_optimizer is not None, "trace_training_step checks it"
+    with user_code("optimizer(params)", setup.source):
+        opt = setup.build_optimizer(params)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise UserError(f"{setup.source or 'the model file'}: optimizer(params) returned {type(opt).__name__}, "
+                        "not a torch.optim.Optimizer")
+    for group in opt.param_groups:
+        if group.get("foreach", False) is None and not group.get("fused"):
+            group["foreach"] = True
+    return opt
+
+
+def _optimizer_code(setup: _Setup, what: str) -> Any:
+    """The model file's optimizer runs as the user's code (its failures are theirs); ours does not."""
+    return user_code(what, setup.source) if setup.optimizer == FILE_OPTIMIZER else nullcontext()
 
 
 def _build_for_real(setup: _Setup, inputs: Any) -> torch.nn.Module:
@@ -708,7 +742,7 @@ def _check_sparse_gradients(params: list[torch.nn.Parameter], setup: _Setup) -> 
     """A UserError when the model makes sparse gradients (`Embedding(sparse=True)`, `EmbeddingBag(
     sparse=True)`) and the optimizer cannot take them, as torch would say at the first real step."""
     sparse = any(p.grad is not None and p.grad.layout != torch.strided for p in params)
-    if sparse and setup.optimizer not in SPARSE_GRADIENT_OPTIMIZERS:
+    if sparse and setup.optimizer not in (*SPARSE_GRADIENT_OPTIMIZERS, FILE_OPTIMIZER):  # torch judges the file's
         raise UserError(f"{setup.source or 'the model'} makes sparse gradients (an Embedding or EmbeddingBag with "
                         f"sparse=True), which {setup.optimizer} does not accept; use --optimizer "
                         f"{' or '.join(SPARSE_GRADIENT_OPTIMIZERS)}, or sparse=False")
