@@ -15,3 +15,12 @@ MAX_USD = 1e12
 
 MAX_HOURS = 1e7
 """Largest deadline in hours (over a thousand years)."""
+
+MAX_MEMORY_GB = 1e6
+"""Largest memory filter in GB (`advisor gpus --min-memory-gb`)."""
+
+MAX_CONTEXT_MIB = 2**20
+"""1 TiB of CUDA context: any larger figure is a typo."""
+
+MAX_TRACE_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: a longer trace timeout is a typo (0 means no limit)."""

@@ -21,7 +21,8 @@ from advisor.tui.estimate_screen import EstimateScreen
 from advisor.tui.export_screen import ExportScreen
 from advisor.tui.help_screen import HelpScreen
 from advisor.tui.machine_screen import MachineScreen
-from advisor.tui.request import EstimateRequest, prefetch_traces
+from advisor.app.request import PlanRequest
+from advisor.tui.request import prefetch_traces
 from tests.calibration_fakes import steady_cases, steady_cpu, steady_seconds, with_clock
 from tests.test_calibration import TINY_SUITE
 
@@ -29,7 +30,7 @@ DB = load_hwdb(include_user_layers=False)
 
 
 def mlp_app() -> AdvisorApp:
-    return AdvisorApp(DB, EstimateRequest(model="mlp"))
+    return AdvisorApp(DB, PlanRequest(model="mlp"))
 
 
 async def settled(pilot) -> None:
@@ -82,7 +83,7 @@ def test_the_model_is_estimated_on_every_device_and_ranked_by_time() -> None:
 def test_traces_started_before_the_app_give_the_same_estimate() -> None:
     if not can_fork():  # at run time: an earlier backward in this process forbids it on CUDA builds
         pytest.skip("a backward ran in this process on a torch build with autograd device threads")
-    request = EstimateRequest(model="mlp")
+    request = PlanRequest(model="mlp")
     prefetched = prefetch_traces(request)
     assert prefetched is not None
     app = AdvisorApp(DB, request, prefetched)
@@ -119,7 +120,7 @@ def test_changing_precision_re_estimates_without_blocking() -> None:
 
 def test_a_model_file_path_and_an_example_load() -> None:
     async def scenario() -> None:
-        app = AdvisorApp(DB, EstimateRequest(model="mlp"))
+        app = AdvisorApp(DB, PlanRequest(model="mlp"))
         async with app.run_test(size=(120, 40)) as pilot:
             await settled(pilot)
             screen = app.screen
@@ -155,14 +156,14 @@ def test_a_bad_setting_is_reported_and_nothing_runs() -> None:
     ("batch", "99999999999999999999999", "batch size must be at most 1,048,576"),
     ("epochs", "0", "epochs must be a positive number, got 0"),  # not silently 1
     ("epochs", "inf", "epochs: 'inf' is not a finite number"),
-    ("samples", "1" + "0" * 39, "samples must be from 1 to 1e+15"),
+    ("samples", "1" + "0" * 39, "samples must be at most 1,000,000,000,000,000, got 1e+39"),
 ])
 def test_absurd_settings_are_reported_and_the_app_lives(field: str, text: str, message: str) -> None:
     async def scenario(app: AdvisorApp, pilot) -> None:
         screen = app.screen
         before = screen.estimate
         screen.query_one(f"#{field}", Input).value = text
-        await pilot.click(f"#{field}")
+        screen.query_one(f"#{field}", Input).focus()  # the form scrolls: focus, not a click
         await pilot.press("enter")
         await settled(pilot)
         assert message in status_text(app)
@@ -200,7 +201,7 @@ def test_our_bug_in_a_worker_is_shown_and_the_exit_code_says_so(monkeypatch: pyt
         raise ZeroDivisionError("a bug of ours")
 
     async def scenario(app: AdvisorApp, pilot) -> None:
-        monkeypatch.setattr("advisor.tui.estimate_screen.run_request", broken)
+        monkeypatch.setattr("advisor.tui.estimate_screen.plan", broken)
         app.screen.query_one("#batch", Input).value = "7"
         await pilot.click("#batch")
         await pilot.press("enter")
@@ -442,3 +443,46 @@ def test_snapshot_estimate_screen(snap_compare, size) -> None:
 @pytest.mark.parametrize("name, before", [("detail", _detail), ("chart", _chart), ("help", _help)])
 def test_snapshot_other_views(snap_compare, name, before) -> None:
     assert snap_compare(mlp_app(), terminal_size=(120, 40), run_before=before)
+
+
+FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the value the request gets)
+    "model": ("mlp", "model", "mlp"),
+    "batch": ("64", "batch_size", 64),
+    "precision": ("amp-bf16", "precision", "amp-bf16"),
+    "optimizer": ("sgd", "optimizer", "sgd"),
+    "checkpointing": (True, "checkpointing", True),
+    "micro_batch": ("16", "micro_batch", 16),
+    "cuda_context_mib": ("1300", "cuda_context_mib", 1300.0),
+    "trace_timeout_s": ("60", "trace_timeout_s", 60.0),
+    "gpus": ("h100-sxm, rtx-3090", "gpus", ("h100-sxm", "rtx-3090")),
+    "local": (True, "local", True),
+    "samples": (None, "samples", None),  # steps instead (they exclude each other); samples: other tests
+    "epochs": (None, "epochs", None),
+    "steps": ("500", "steps", 500),
+    "provider": ("lambda", "provider", "lambda"),
+    "spot": (True, "spot", True),
+    "budget": ("100", "budget_usd", 100.0),
+    "deadline": ("24", "deadline_hours", 24.0),
+}
+
+
+def test_the_form_exposes_every_option_of_a_request() -> None:
+    from textual.widgets import Switch
+
+    from advisor.app.request import OPTIONS
+
+    assert {option for _, option, _ in FORM_VALUES.values()} == set(OPTIONS)
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        with app.batch_update():
+            for widget_id, (value, _, _) in FORM_VALUES.items():
+                widget = screen.query_one(f"#{widget_id}")
+                if value is not None:
+                    widget.value = value
+        request = screen.read_request()
+        assert {option: getattr(request, option) for _, option, _ in FORM_VALUES.values()} == {
+            option: expected for _, option, expected in FORM_VALUES.values()}
+        assert isinstance(screen.query_one("#local"), Switch)
+
+    drive(scenario)

@@ -12,18 +12,20 @@ import math
 import sys
 from collections.abc import Callable
 
+from advisor.app.request import PlanRequest
 from advisor.errors import shorten
 from advisor.estimate.costs import DEFAULT_SAMPLES
-from advisor.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_JOB_SAMPLES
+from advisor.limits import (
+    MAX_BATCH_SIZE,
+    MAX_CONTEXT_MIB,
+    MAX_EPOCHS,
+    MAX_JOB_SAMPLES,
+    MAX_TRACE_TIMEOUT_S,
+)
 from advisor.profile.choices import DEFAULT_OPTIMIZER, FILE_OPTIMIZER, OPTIMIZER_CHOICES, PRECISIONS
 from advisor.profile.model_file import DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLE, builtin_examples
 from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
-MAX_MEMORY_GB = 1e6
-MAX_CONTEXT_MIB = 2**20
-"""1 TiB of CUDA context: any larger figure is a typo."""
-MAX_TRACE_TIMEOUT_S = 7 * 24 * 3600.0
-"""A week: a longer --trace-timeout is a typo (0 means no limit)."""
 
 
 def positive_int(text: str, limit: int | None = None) -> int:
@@ -138,6 +140,21 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
                      help="optimizer steps instead of samples x epochs")
     parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
     parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
+
+
+def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
+    """The command line's options as the one request every interface makes (advisor.app). Commands
+    without some options (memory has no job) leave those at the request's defaults."""
+    context = getattr(args, "cuda_context_mib", None)
+    return PlanRequest(
+        model=args.model, batch_size=args.batch_size, precision=args.precision, optimizer=args.optimizer,
+        checkpointing=getattr(args, "checkpointing", False), micro_batch=getattr(args, "micro_batch", None),
+        cuda_context_mib=context, trace_timeout_s=args.trace_timeout, gpus=tuple(unique(getattr(args, "gpu", []))),
+        local=getattr(args, "local", False), samples=getattr(args, "samples", None),
+        epochs=getattr(args, "epochs", None), steps=getattr(args, "steps", None),
+        provider=getattr(args, "provider", None), spot=getattr(args, "spot", False),
+        budget_usd=getattr(args, "budget_usd", None), deadline_hours=getattr(args, "deadline_hours", None),
+    )
 
 
 def unique(values: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from advisor.calibration.cache import CacheError, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.quality import ProfileQuality, assess, gate, refusal_message
-from advisor.cli.format import duration, percent, si
+from advisor.present.format import duration, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB

@@ -10,24 +10,19 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from advisor.cli.arguments import add_estimate_arguments, progress, unique
-from advisor.cli.format import count, duration, fits_nowhere_message, gib, money, plan_duration, si
-from advisor.cli.memory import settings_from_arguments
+from advisor.app.plan import plan
+from advisor.cli.arguments import add_estimate_arguments, progress, request_from_arguments
+from advisor.present.format import count, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import Column, render_table
+from advisor.present.ranking import SORT_KEYS, sort_results
 from advisor.errors import UserError
-from advisor.estimate.costs import Job
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
 from advisor.profile.choices import describe_optimizer
 from advisor.profile.coverage import coverage_of
-from advisor.profile.model_file import ModelFile, load_model_file
 
 if TYPE_CHECKING:
     from advisor.estimate.plan import DeviceEstimate, Estimate
-    from advisor.estimate.targets import EstimateTarget
-
-SORT_KEYS = ("time", "cost", "throughput", "memory", "name")
-
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -47,44 +42,19 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
 
 
 def estimate_from_arguments(args: argparse.Namespace, db: HardwareDB) -> Estimate:
-    """Check the arguments, then trace and estimate (the part `estimate` and `report` share). The
-    model file's output goes to stderr meanwhile: stdout carries our data alone."""
-    from advisor.estimate.plan import EstimateSettings, estimate_model  # torch: only once a model is traced
-
-    db = db.with_offers_from(args.provider)
-    with user_output_to_stderr():
-        model = load_model_file(args.model)
-        job = job_from_arguments(args, model)
-        memory = settings_from_arguments(args, model)
-        settings = EstimateSettings(memory, job, args.spot)
-        targets = build_targets(args, db)  # after the cheap checks: --local may calibrate for seconds
-        return estimate_model(model, db, targets, settings, progress=progress)
-
-
-def job_from_arguments(args: argparse.Namespace, model: ModelFile) -> Job:
-    if args.steps is not None:
-        if args.samples is not None or args.epochs is not None:
-            raise UserError("give either --steps or --samples/--epochs, not both")
-        return Job(steps=args.steps)
-    return Job.over_samples(args.samples, args.epochs or 1.0, model.train_samples)
-
-
-def build_targets(args: argparse.Namespace, db: HardwareDB) -> list[EstimateTarget]:
-    from advisor.calibration.reference import load_families
+    """The arguments as a request (checked), then advisor.app's plan (the part `estimate` and `report`
+    share). The model file's output goes to stderr meanwhile: stdout carries our data alone."""
     from advisor.cli.calibrate import ProgressBar
-    from advisor.estimate.targets import database_targets, local_targets
 
-    families = load_families(db)
-    gpus = [db.gpu(gpu_id) for gpu_id in unique(args.gpu)] or list(db.gpus)
-    targets = database_targets(db, gpus, families)
-    if args.local:
-        bar = ProgressBar("calibrating this machine") if sys.stderr.isatty() else None
-        try:
-            targets = local_targets(db, families, lambda m: print(f"advisor: {m}", file=sys.stderr), bar) + targets
-        finally:
-            if bar is not None:
-                bar.close()
-    return targets
+    request = request_from_arguments(args)
+    bar = ProgressBar("calibrating this machine") if request.local and sys.stderr.isatty() else None
+    try:
+        with user_output_to_stderr():
+            return plan(request, db, progress, notify=lambda m: print(f"advisor: {m}", file=sys.stderr),
+                        calibration_bar=bar)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
@@ -104,20 +74,6 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
 def fits_nowhere(estimate: Estimate) -> str:
     """One sentence: what the model needs, the largest device, and what to change."""
     return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results])
-
-
-def sort_results(estimate: Estimate, key: str) -> list[DeviceEstimate]:
-    """Devices that fit in the order asked for, then the rest as ranked (closest to fitting first)."""
-    fitting = estimate.fitting
-    spot = estimate.settings.spot
-    orders = {
-        "time": lambda r: (r.time_to_train_s, r.id),
-        "cost": lambda r: (r.job_cost_usd(spot) is None, r.job_cost_usd(spot) or 0.0, r.time_to_train_s),
-        "throughput": lambda r: (-r.throughput, r.id),
-        "memory": lambda r: (-r.memory.capacity_bytes, r.id),
-        "name": lambda r: r.id,
-    }
-    return sorted(fitting, key=orders[key]) + [r for r in estimate.results if not r.fits]
 
 
 COLUMNS = [

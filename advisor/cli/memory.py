@@ -9,18 +9,18 @@ import json
 from typing import TYPE_CHECKING
 
 from advisor import units
-from advisor.cli.arguments import add_memory_arguments, add_model_arguments, progress, unique
-from advisor.cli.format import fits_nowhere_message
+from advisor.app.plan import plan_memory_only
+from advisor.cli.arguments import add_memory_arguments, add_model_arguments, progress, request_from_arguments
+from advisor.present.format import fits_nowhere_message
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
 from advisor.profile.choices import describe_optimizer
 from advisor.profile.coverage import coverage_of
-from advisor.profile.model_file import ModelFile, load_model_file
 
 if TYPE_CHECKING:
-    from advisor.memory.plan import MemoryPlan, MemorySettings
+    from advisor.memory.plan import MemoryPlan
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -37,24 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.set_defaults(run=run)
 
 
-def settings_from_arguments(args: argparse.Namespace, model: ModelFile) -> MemorySettings:
-    """The memory settings of the command line for `model` (its batch and optimizer when the line names none)."""
-    from advisor.memory.plan import MemorySettings
-
-    context = None if args.cuda_context_mib is None else int(args.cuda_context_mib * units.MIB)
-    return MemorySettings(args.batch_size or model.default_batch_size, args.precision,
-                          model.resolve_optimizer(args.optimizer), args.checkpointing, args.micro_batch, context,
-                          args.trace_timeout or None)
-
-
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
-    from advisor.memory.plan import plan_memory  # torch: only once a model is traced
-
-    gpus = [db.gpu(gpu_id) for gpu_id in unique(args.gpu)] or list(db.gpus)
+    request = request_from_arguments(args)
     with user_output_to_stderr():
-        model = load_model_file(args.model)
-        settings = settings_from_arguments(args, model)
-        plan = plan_memory(model, db, gpus, settings, progress=progress)
+        plan = plan_memory_only(request, db, progress)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING
 
 from advisor.cli.arguments import add_model_arguments, positive_int, progress
-from advisor.cli.format import count, percent, si
+from advisor.present.format import count, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB

@@ -6,10 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from advisor.cli.arguments import add_estimate_arguments, bounded_float
+from advisor.cli.arguments import add_estimate_arguments, bounded_float, request_from_arguments
 from advisor.cli.estimate import estimate_from_arguments, fits_nowhere
 from advisor.errors import UserError
-from advisor.estimate.costs import SECONDS_PER_HOUR
 from advisor.hardware.specs import HardwareDB
 from advisor.limits import MAX_HOURS, MAX_USD
 
@@ -40,8 +39,8 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
 
     report_format(args.output)  # a bad file name is an error before seconds of tracing
     estimate = estimate_from_arguments(args, db)
-    deadline = None if args.deadline_hours is None else args.deadline_hours * SECONDS_PER_HOUR
-    report = build_report(estimate, db, args.budget_usd, deadline)
+    request = request_from_arguments(args)
+    report = build_report(estimate, db, request.budget_usd, request.deadline_s)
     written = write_report(report, args.output)
     print(f"advisor: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     print(args.output)

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 

@@ -538,8 +538,8 @@ def trace_training_step(
 
 
 def _trace_with_either_inputs(setup: _Setup) -> StepTrace:
-    """The step on fake inputs, or, when the model reads their values, on real ones."""
-    source = setup.source
+    """The step on fake inputs, or, when the model reads their values, on real ones; when it reads values
+    computed from its weights, the step run for real (real_run.py)."""
     try:
         with fake_tensor_log_silenced():
             return _trace(setup, "fake")

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from advisor import __version__, units
-from advisor.cli.format import count, duration, money, percent, plan_duration, si
+from advisor.present.format import count, duration, money, percent, plan_duration, si
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB, Source
 from advisor.paths import shipped_dir

@@ -23,7 +23,9 @@ from advisor.tui.estimate_screen import EstimateScreen
 from advisor.tui.export_screen import ExportScreen
 from advisor.tui.help_screen import HelpScreen
 from advisor.tui.machine_screen import MachineScreen
-from advisor.tui.request import EstimateRequest, TracePair, prefetch_traces
+from advisor.app.plan import TracePair
+from advisor.app.request import PlanRequest
+from advisor.tui.request import prefetch_traces
 
 
 class AdvisorApp(App):
@@ -33,11 +35,11 @@ class AdvisorApp(App):
     TITLE = "gpu-advisor"
     COMMANDS = App.COMMANDS | {AdvisorCommands}
 
-    def __init__(self, db: HardwareDB, request: EstimateRequest | None = None,
+    def __init__(self, db: HardwareDB, request: PlanRequest | None = None,
                  prefetched: ForkedCall[TracePair] | None = None) -> None:
         super().__init__()
         self.db = db
-        self.request = request or EstimateRequest()
+        self.request = request or PlanRequest()
         self.prefetched = prefetched
         self.internal_errors: list[BaseException] = []
         """Our bugs met in workers: shown in the app, their tracebacks printed on exit."""
@@ -102,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             resolve_model_path(args.model)
     except UserError as exc:
         return report_exit(exc, "gpu-advisor")
-    request = EstimateRequest(model=args.model)
+    request = PlanRequest(model=args.model)
     prefetched = prefetch_traces(request)  # before the app starts threads: it can fork
     app = AdvisorApp(db, request, prefetched)
     try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from advisor import units
-from advisor.cli.format import money, plan_duration
+from advisor.present.format import money, plan_duration
 from advisor.estimate.plan import DeviceEstimate, Estimate
 
 DEVICE_MARK, PARETO_MARK = "·", "●"

@@ -7,7 +7,7 @@ from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from advisor.cli.estimate import SORT_KEYS
+from advisor.present.ranking import SORT_KEYS
 from advisor.profile.choices import PRECISIONS
 
 

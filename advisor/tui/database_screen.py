@@ -8,7 +8,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from advisor import units
-from advisor.cli.gpus import SORT_KEYS, GPURow, select_rows
+from advisor.present.gpu_rows import SORT_KEYS, GPURow, select_rows
 from advisor.hardware.specs import HardwareDB
 
 COLUMNS = (  # keys are `advisor gpus --sort` keys

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from advisor.cli.format import duration, money, percent, plan_duration
+from advisor.present.format import duration, money, percent, plan_duration
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.tui.chart import memory_bar
 

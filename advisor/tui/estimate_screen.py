@@ -28,17 +28,20 @@ from textual.widgets import (
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from advisor import units
-from advisor.cli.estimate import SORT_KEYS, sort_results
-from advisor.cli.format import duration, money, plan_duration
+from advisor.present.ranking import SORT_KEYS, sort_results
+from advisor.present.format import duration, money, plan_duration
 from advisor.errors import UserError
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB
 from advisor.profile.background import ForkedCall
 from advisor.profile.model_file import builtin_examples
-from advisor.profile.choices import OPTIMIZERS, PRECISIONS
+from advisor.profile.choices import OPTIMIZER_CHOICES, PRECISIONS
+from advisor.app.plan import TracePair, plan
+from advisor.app.request import PlanRequest
 from advisor.tui.chart import points_of, scatter
 from advisor.tui.detail import DeviceDetail
-from advisor.tui.request import EstimateRequest, TracePair, parse_number, run_request
+from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
+from advisor.tui.request import parse_number
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 ESTIMATE_STAGES = 4
@@ -73,7 +76,7 @@ class EstimateScreen(Screen):
         Binding("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, db: HardwareDB, request: EstimateRequest,
+    def __init__(self, db: HardwareDB, request: PlanRequest,
                  prefetched: ForkedCall[TracePair] | None = None) -> None:
         super().__init__()
         self.db = db
@@ -102,11 +105,19 @@ class EstimateScreen(Screen):
                 yield Label("Precision")
                 yield Select([(p, p) for p in PRECISIONS], value=request.precision, allow_blank=False, id="precision")
                 yield Label("Optimizer")
-                yield Select([(o, o) for o in OPTIMIZERS], value=request.optimizer, allow_blank=False, id="optimizer")
+                yield Select([(o, o) for o in OPTIMIZER_CHOICES], value=request.optimizer or NO_SELECTION,
+                             prompt="default", id="optimizer")
+                with Horizontal(classes="switch-row"):
+                    yield Switch(request.checkpointing, id="checkpointing")
+                    yield Label("checkpointing")
+                yield Label("Micro-batch")
+                yield Input(_text(request.micro_batch), placeholder="none", type="integer", id="micro_batch")
                 yield Label("Samples per epoch")
                 yield Input(_text(request.samples), placeholder="model's TRAIN_SAMPLES", type="integer", id="samples")
                 yield Label("Epochs")
-                yield Input(_text(request.epochs), type="number", id="epochs")
+                yield Input(_text(request.epochs), placeholder="1", type="number", id="epochs")
+                yield Label("Steps (not epochs)")
+                yield Input(_text(request.steps), placeholder="none", type="integer", id="steps")
                 yield Label("Budget (USD)")
                 yield Input(_text(request.budget_usd), placeholder="none", type="number", id="budget")
                 yield Label("Deadline (hours)")
@@ -120,6 +131,13 @@ class EstimateScreen(Screen):
                 with Horizontal(classes="switch-row"):
                     yield Switch(request.local, id="local")
                     yield Label("this machine")
+                yield Label("GPU ids (a, b, ...)")
+                yield Input(", ".join(request.gpus), placeholder="every GPU", id="gpus")
+                yield Label("CUDA context (MiB)")
+                yield Input(_text(request.cuda_context_mib), placeholder="the database's", type="number",
+                            id="cuda_context_mib")
+                yield Label("Trace timeout s")
+                yield Input(_text(request.trace_timeout_s), type="number", id="trace_timeout_s")
             with Vertical(id="results"):
                 yield Static(id="status")
                 yield ProgressBar(id="progress", total=ESTIMATE_STAGES, show_eta=False, show_percentage=False)
@@ -156,22 +174,32 @@ class EstimateScreen(Screen):
 
     # ---- settings -> estimate -------------------------------------------------------------------------
 
-    def read_request(self) -> EstimateRequest:
+    def read_request(self) -> PlanRequest:
         """The form as a request (UserError on a bad field)."""
         value = lambda widget_id: self.query_one(f"#{widget_id}", Input).value  # noqa: E731
-        provider = self.query_one("#provider", Select).value
-        return EstimateRequest(
+        chosen = lambda widget_id: _chosen(self.query_one(f"#{widget_id}", Select).value)  # noqa: E731
+        gpus = tuple(dict.fromkeys(g.strip() for g in value("gpus").split(",") if g.strip()))
+        for gpu_id in gpus:
+            self.db.gpu(gpu_id)  # an unknown id: the sentence with the closest ones
+        return PlanRequest(
             model=value("model").strip() or None,
             batch_size=parse_number(value("batch"), int, "batch size"),
-            precision=str(self.query_one("#precision", Select).value),
-            optimizer=str(self.query_one("#optimizer", Select).value),
+            precision=str(chosen("precision")),
+            optimizer=chosen("optimizer"),
+            checkpointing=self.query_one("#checkpointing", Switch).value,
+            micro_batch=parse_number(value("micro_batch"), int, "micro-batch"),
+            cuda_context_mib=parse_number(value("cuda_context_mib"), float, "CUDA context"),
+            trace_timeout_s=parse_number(value("trace_timeout_s"), float, "trace timeout",
+                                         default=DEFAULT_TRACE_TIMEOUT_S),
+            gpus=gpus,
+            local=self.query_one("#local", Switch).value,
             samples=parse_number(value("samples"), int, "samples"),
-            epochs=parse_number(value("epochs"), float, "epochs", default=1.0),
+            epochs=parse_number(value("epochs"), float, "epochs"),
+            steps=parse_number(value("steps"), int, "steps"),
+            provider=chosen("provider"),
+            spot=self.query_one("#spot", Switch).value,
             budget_usd=parse_number(value("budget"), float, "budget"),
             deadline_hours=parse_number(value("deadline"), float, "deadline"),
-            provider=None if provider is NO_SELECTION else str(provider),
-            spot=self.query_one("#spot", Switch).value,
-            local=self.query_one("#local", Switch).value,
         )
 
     @on(Input.Submitted)
@@ -207,7 +235,7 @@ class EstimateScreen(Screen):
         self._run(request)
 
     @work(thread=True, exclusive=True, group="estimate", exit_on_error=True)
-    def _run(self, request: EstimateRequest) -> Estimate | UserError:
+    def _run(self, request: PlanRequest) -> Estimate | UserError:
         """Trace and estimate off the UI thread; a user mistake comes back as the result."""
         worker = get_current_worker()
 
@@ -216,7 +244,7 @@ class EstimateScreen(Screen):
                 self.app.call_from_thread(self._progress, message)
 
         try:
-            return run_request(request, self.db, progress, self._prefetched_traces(request, progress))
+            return plan(request, self.db, progress, self._prefetched_traces(request, progress))
         except UserError as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 -- our bug: shown in the app, its traceback kept for the exit
@@ -224,12 +252,12 @@ class EstimateScreen(Screen):
             return UserError(f"internal error ({type(exc).__name__}: {exc}); this is a bug in gpu-advisor: "
                              "the traceback is printed when you quit; please report it")
 
-    def _prefetched_traces(self, request: EstimateRequest, progress: Callable[[str], None]) -> TracePair | None:
+    def _prefetched_traces(self, request: PlanRequest, progress: Callable[[str], None]) -> TracePair | None:
         """The traces started before the app, when this is still the request they were made for."""
         prefetched, self.prefetched = self.prefetched, None
         if prefetched is None:
             return None
-        if request != self.first_request:
+        if request.traces_differ(self.first_request):
             prefetched.close()
             return None
         progress("tracing the training step (started with the app)")
@@ -339,6 +367,11 @@ class EstimateScreen(Screen):
     def action_toggle_settings(self) -> None:
         self.settings_shown = self.has_class("hide-settings")
         self.set_class(not self.settings_shown, "hide-settings")
+
+
+def _chosen(value: object) -> str | None:
+    """A Select's value as text, None when nothing is chosen (the default)."""
+    return None if value is NO_SELECTION else str(value)
 
 
 def _text(value: object) -> str:

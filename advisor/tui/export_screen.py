@@ -18,12 +18,12 @@ from advisor.estimate.plan import Estimate
 from advisor.hardware.specs import HardwareDB
 from advisor.report.content import build_report
 from advisor.report.render import check_folder, write_atomically, write_report
-from advisor.tui.request import EstimateRequest
+from advisor.app.request import PlanRequest
 
 SUFFIXES = {"export-html": ".html", "export-md": ".md", "export-json": ".json"}
 
 
-def export(estimate: Estimate, db: HardwareDB, request: EstimateRequest, path: Path) -> list[Path]:
+def export(estimate: Estimate, db: HardwareDB, request: PlanRequest, path: Path) -> list[Path]:
     """Write `estimate` to `path` by its suffix (.html, .md, .json); the files written."""
     if path.suffix == ".json":
         check_folder(path)
@@ -38,7 +38,7 @@ class ExportScreen(ModalScreen["list[Path] | None"]):
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
 
-    def __init__(self, estimate: Estimate, db: HardwareDB, request: EstimateRequest) -> None:
+    def __init__(self, estimate: Estimate, db: HardwareDB, request: PlanRequest) -> None:
         super().__init__()
         self.estimate, self.db, self.request = estimate, db, request
 

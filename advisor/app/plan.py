@@ -1,0 +1,73 @@
+"""`plan(request)`: load the model, trace its step, estimate it on every requested device. The one
+call behind `advisor estimate`, `advisor report`, the TUI and Python users (issue #23)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from advisor.app.request import PlanRequest
+from advisor.hardware.specs import HardwareDB
+from advisor.profile.model_file import ModelFile, load_model_file
+
+if TYPE_CHECKING:  # torch: only once a model is traced
+    from advisor.estimate.plan import Estimate
+    from advisor.estimate.targets import CalibrationProgress, EstimateTarget
+    from advisor.memory.plan import MemoryPlan
+
+Progress = Callable[[str], None]
+TracePair = tuple["StepTrace", "StepTrace"]
+
+
+def _quiet(message: str) -> None:
+    """Progress nobody listens to."""
+
+
+def request_model(request: PlanRequest) -> ModelFile:
+    """The request's model file (or built-in example), loaded and checked; with its batch, the
+    micro-batch is checked as the request alone could not."""
+    model = load_model_file(request.model)
+    if request.micro_batch is not None and request.batch_size is None:
+        request._check_micro_batch(model.default_batch_size)
+    return model
+
+
+def targets_for(request: PlanRequest, db: HardwareDB, notify: Progress = _quiet,
+                calibration_bar: CalibrationProgress | None = None) -> list[EstimateTarget]:
+    """The devices to estimate: the request's GPUs (all when none), and this machine's first with
+    `local` (a quick calibration is measured and cached when none is; `notify` and `calibration_bar`
+    hear about it)."""
+    from advisor.calibration.reference import load_families
+    from advisor.estimate.targets import database_targets, local_targets
+
+    families = load_families(db)
+    gpus = [db.gpu(gpu_id) for gpu_id in dict.fromkeys(request.gpus)] or list(db.gpus)
+    targets = database_targets(db, gpus, families)
+    if request.local:
+        targets = local_targets(db, families, notify, calibration_bar) + targets
+    return targets
+
+
+def plan(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet, traces: TracePair | None = None, *,
+         notify: Progress | None = None, calibration_bar: CalibrationProgress | None = None) -> Estimate:
+    """Trace the request's step (or use `traces`: the step at its batch and at twice it) and estimate
+    it on every device, with the job's time and money. `progress` hears each stage; `notify` and
+    `calibration_bar` a local calibration's messages and progress (default: `progress`)."""
+    from advisor.estimate.plan import estimate_model
+
+    db = db.with_offers_from(request.provider)
+    progress(f"loading {request.model or 'the resnet50 example'}")
+    model = request_model(request)
+    settings = request.settings(model)
+    targets = targets_for(request, db, notify or progress, calibration_bar)  # after the cheap checks
+    first, second = traces or (None, None)
+    return estimate_model(model, db, targets, settings, progress=progress, trace=first, second=second)
+
+
+def plan_memory_only(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet) -> MemoryPlan:
+    """The request's training memory on its GPUs (all when none), without timing (`advisor memory`)."""
+    from advisor.memory.plan import plan_memory
+
+    model = request_model(request)
+    gpus = [db.gpu(gpu_id) for gpu_id in dict.fromkeys(request.gpus)] or list(db.gpus)
+    return plan_memory(model, db, gpus, request.memory_settings(model), progress=progress)

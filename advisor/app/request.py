@@ -1,0 +1,156 @@
+"""One estimate as any interface asks for it: the command line's flags, the TUI's form, a Python
+caller's arguments. Checked when made, with the sentences every interface shows (issue #23)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from advisor import units
+from advisor.errors import UserError
+from advisor.limits import (
+    MAX_BATCH_SIZE,
+    MAX_CONTEXT_MIB,
+    MAX_EPOCHS,
+    MAX_HOURS,
+    MAX_JOB_SAMPLES,
+    MAX_TRACE_TIMEOUT_S,
+    MAX_USD,
+)
+from advisor.profile.choices import OPTIMIZER_CHOICES, PRECISIONS
+from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
+
+if TYPE_CHECKING:  # these import torch; a request is made before any is needed
+    from advisor.estimate.costs import Job
+    from advisor.estimate.plan import EstimateSettings
+    from advisor.memory.plan import MemorySettings
+    from advisor.profile.model_file import ModelFile
+
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything one estimate depends on. None means the default: the model file's BATCH_SIZE,
+    optimizer() and TRAIN_SAMPLES where it has them, every GPU, every provider."""
+
+    model: str | None = None
+    """A model file path or a built-in example name; None: the resnet50 example."""
+    batch_size: int | None = None
+    """Samples per optimizer step."""
+    precision: str = "fp32"
+    optimizer: str | None = None
+    """An optimizer name, "file" (the model file's optimizer(params)); None: that when defined, else adamw."""
+    checkpointing: bool = False
+    """Activation checkpointing of the model's repeated blocks."""
+    micro_batch: int | None = None
+    """Samples per forward/backward (gradient accumulation up to batch_size)."""
+    cuda_context_mib: float | None = None
+    """The CUDA context's size instead of the database's figure, MiB."""
+    trace_timeout_s: float = DEFAULT_TRACE_TIMEOUT_S
+    """Stop a trace that takes longer, seconds (0: no limit)."""
+    gpus: tuple[str, ...] = ()
+    """GPU ids of the database to estimate; (): all of them."""
+    local: bool = False
+    """Also this machine's devices, timed from its calibration."""
+    samples: int | None = None
+    """Samples in one epoch."""
+    epochs: float | None = None
+    """Passes over the samples (None: 1)."""
+    steps: int | None = None
+    """Optimizer steps instead of samples x epochs."""
+    provider: str | None = None
+    """Only this provider's cloud offers."""
+    spot: bool = False
+    """Rank cost by spot prices."""
+    budget_usd: float | None = None
+    """The fastest device within this cost is named."""
+    deadline_hours: float | None = None
+    """The cheapest device done within this time is named."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UserError(f"unknown precision '{self.precision}'; choose one of {', '.join(PRECISIONS)}")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZER_CHOICES:
+            raise UserError(f"unknown optimizer '{self.optimizer}'; choose one of {', '.join(OPTIMIZER_CHOICES)}")
+        for name, value in (("batch size", self.batch_size), ("micro-batch", self.micro_batch)):
+            _check_whole(name, value, MAX_BATCH_SIZE)
+        _check_whole("samples", self.samples, MAX_JOB_SAMPLES)
+        _check_whole("steps", self.steps, MAX_JOB_SAMPLES)
+        for name, value, limit in (("epochs", self.epochs, MAX_EPOCHS), ("budget", self.budget_usd, MAX_USD),
+                                   ("deadline", self.deadline_hours, MAX_HOURS)):
+            _check_positive(name, value, limit)
+        _check_positive("CUDA context MiB", self.cuda_context_mib, MAX_CONTEXT_MIB, zero_allowed=True)
+        _check_positive("trace timeout", self.trace_timeout_s, MAX_TRACE_TIMEOUT_S, zero_allowed=True)
+        if self.steps is not None and (self.samples is not None or self.epochs is not None):
+            raise UserError("give either --steps or --samples/--epochs, not both")
+        if self.micro_batch is not None and self.batch_size is not None:
+            self._check_micro_batch(self.batch_size)
+
+    def _check_micro_batch(self, batch_size: int) -> None:
+        from advisor.memory.plan import uneven_micro_batches
+
+        assert self.micro_batch is not None
+        if self.micro_batch > batch_size:
+            raise UserError(f"--micro-batch {self.micro_batch} is larger than the batch size {batch_size}; "
+                            "a micro-batch is a part of the batch")
+        if batch_size % self.micro_batch:
+            raise UserError(uneven_micro_batches(batch_size, self.micro_batch))
+
+    @property
+    def deadline_s(self) -> float | None:
+        return None if self.deadline_hours is None else self.deadline_hours * SECONDS_PER_HOUR
+
+    def memory_settings(self, model: ModelFile) -> MemorySettings:
+        """How the step runs for `model`: its default batch and optimizer where the request has none."""
+        from advisor.memory.plan import MemorySettings
+
+        context = None if self.cuda_context_mib is None else int(self.cuda_context_mib * units.MIB)
+        return MemorySettings(self.batch_size or model.default_batch_size, self.precision,
+                              model.resolve_optimizer(self.optimizer), self.checkpointing, self.micro_batch,
+                              context, self.trace_timeout_s or None)
+
+    def job(self, model: ModelFile) -> Job:
+        """The job: steps, or samples x epochs (the file's TRAIN_SAMPLES where none are given)."""
+        from advisor.estimate.costs import Job
+
+        if self.steps is not None:
+            return Job(steps=self.steps)
+        return Job.over_samples(self.samples, self.epochs or 1.0, model.train_samples)
+
+    def settings(self, model: ModelFile) -> EstimateSettings:
+        from advisor.estimate.plan import EstimateSettings
+
+        return EstimateSettings(self.memory_settings(model), self.job(model), self.spot)
+
+    def traces_differ(self, other: PlanRequest) -> bool:
+        """Whether `other`'s step traces differently (TRACE_FIELDS differ): else its traces can be reused."""
+        return any(getattr(self, name) != getattr(other, name) for name in TRACE_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+
+TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch")
+"""The request's fields a traced step depends on; the others (devices, prices, job, budget) only
+change what is done with it."""
+
+OPTIONS = tuple(f.name for f in fields(PlanRequest))
+"""Every option of an estimate; each interface exposes all of them (tests compare)."""
+
+
+def _check_whole(name: str, value: int | None, limit: int) -> None:
+    if value is not None and value < 1:
+        raise UserError(f"{name} must be at least 1, got {value}")
+    if value is not None and value > limit:
+        raise UserError(f"{name} must be at most {limit:,}, got {value:,.3g}")
+
+
+def _check_positive(name: str, value: float | None, limit: float, zero_allowed: bool = False) -> None:
+    if value is None:
+        return
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
+        raise UserError(f"{name} must be a positive{' (or zero)' if zero_allowed else ''} number, got {value:g}")
+    if value > limit:
+        raise UserError(f"{name} must be at most {limit:.0e}, got {value:.3g}")
