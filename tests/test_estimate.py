@@ -382,7 +382,7 @@ def test_cli_model_that_fits_nowhere(capsys) -> None:
     assert "does not fit on any of the 2 devices at batch 1048576" in err
     assert "--batch-size" in err and "(on t4)" in err
     assert len(err.strip().splitlines()) == 1
-    assert "does not fit:" in out and "GiB short" in out  # the table still shows what is missing
+    assert "Does not fit: 2 of 2 devices" in out and "GiB short" in out  # the table still shows what is missing
 
 
 def test_cli_local_cpu_calibrates_once_then_reuses(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,10 +85,25 @@ def bounded_float(limit: float, allow_zero: bool = False) -> Callable[[str], flo
     return parse
 
 
+_quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    """--quiet: no progress lines and no notes from here on (errors are printed where they are caught)."""
+    global _quiet
+    _quiet = quiet
+
+
 def progress(message: str) -> None:
-    """A progress line on stderr, only where a person watches (a terminal)."""
-    if sys.stderr.isatty():
+    """A progress line on stderr, only where a person watches (a terminal), unless --quiet."""
+    if sys.stderr.isatty() and not _quiet:
         print(f"advisor: {message}", file=sys.stderr, flush=True)
+
+
+def note(message: str) -> None:
+    """A note on stderr ("advisor: note: ..."), unless --quiet."""
+    if not _quiet:
+        print(f"advisor: note: {message}", file=sys.stderr, flush=True)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

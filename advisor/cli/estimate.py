@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
+import textwrap
 
 from typing import TYPE_CHECKING
 
 from advisor.app.plan import plan
 from advisor.cli.arguments import add_estimate_arguments, progress, request_from_arguments
 from advisor.present.format import count, duration, fits_nowhere_message, gib, money, plan_duration, si
-from advisor.cli.table import Column, render_table
+from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.ranking import SORT_KEYS, sort_results
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
@@ -37,7 +37,11 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.add_argument("--sort", choices=SORT_KEYS, default="time",
                         help="table order among devices that fit (default time-to-train); the rest follow")
     parser.add_argument("--top-ops", type=int, default=10, metavar="N", help="ops per device in --json (default 10)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output (PRODUCT.md schema)")
+    parser.add_argument("--format", choices=FORMATS, default="table",
+                        help="table (fitted to the terminal, or to $COLUMNS), json (the --json schema), csv (the "
+                             "device table, every column) or markdown")
+    parser.add_argument("--json", action="store_true", help="machine-readable output (PRODUCT.md schema); "
+                                                            "the same as --format json")
     parser.set_defaults(run=run)
 
 
@@ -61,11 +65,11 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     if args.top_ops < 0:
         raise UserError(f"--top-ops must be 0 or more, got {args.top_ops}")
     estimate = estimate_from_arguments(args, db)
-    if args.json:
+    output_format = "json" if args.json else args.format
+    if output_format == "json":
         print(json.dumps(estimate.to_dict(args.top_ops), indent=2))
     else:
-        width = shutil.get_terminal_size((160, 40)).columns if sys.stdout.isatty() else None
-        print(render_estimate(estimate, args.sort, width))
+        print(render_estimate(estimate, args.sort, output_width(), output_format))
     if not estimate.fitting:
         raise UserError(fits_nowhere(estimate))
     return 0
@@ -77,10 +81,14 @@ def fits_nowhere(estimate: Estimate) -> str:
 
 
 COLUMNS = [
-    Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True),
-    Column("Step", True), Column("Samples/s", True), Column("Train", True), Column("Bound"),
-    Column("Cheapest cloud"), Column("Job $", True), Column("Spot $", True), Column("Buy $", True), Column("Calib"),
+    Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
+    Column("Step", True, drop_order=7), Column("Samples/s", True, drop_order=4), Column("Train", True),
+    Column("Bound", drop_order=6), Column("Cheapest cloud", drop_order=8), Column("Job $", True),
+    Column("Spot $", True, drop_order=3), Column("Buy $", True, drop_order=5), Column("Calib", drop_order=1),
 ]
+"""The device table. In a narrow terminal the calibration, max batch, spot cost, throughput, purchase
+price, bound, step time and cheapest offer give way in that order; rank, device, memory, time-to-train
+and job cost stay (80 columns keep the cheapest offer too)."""
 
 
 def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[str]:
@@ -89,9 +97,9 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     gpu = result.target.gpu
     buy = money(gpu.purchase_usd) if gpu is not None else "-"
     calibration = result.target.calibration
-    if not result.fits:
-        short = f"does not fit: {gib(result.memory.missing_bytes)} GiB short"
-        return ["", result.id, memory, max_batch, short, "", "", "", "", "", "", buy, calibration]
+    if not result.fits:  # time-to-train is never dropped: what is missing goes there
+        short = f"{gib(result.memory.missing_bytes)} GiB short"
+        return ["", result.id, memory, max_batch, "", "", short, "", "", "", "", buy, calibration]
     offer = result.cheapest(spot_ranked)
     where = "-" if offer is None else f"{offer.provider} {offer.usd_per_hour:.2f}/h"
     if offer is not None and offer.gpus_per_instance > 1:
@@ -104,7 +112,35 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     ]
 
 
-def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | None = None) -> str:
+def device_rows(estimate: Estimate, sort: str = "time") -> list[list[str]]:
+    """The table's cells, devices in the `sort` order (present.ranking)."""
+    return [_row(rank if result.fits else None, result, estimate.settings.spot)
+            for rank, result in enumerate(sort_results(estimate, sort), 1)]
+
+
+def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | None = None,
+                    output_format: str = "table") -> str:
+    """The estimate as the terminal table with its header and summary lines fitted to `max_width`
+    (None: every column, lines unwrapped), as CSV (the table alone) or as Markdown."""
+    assert output_format in ("table", "csv", "markdown"), output_format
+    rows = device_rows(estimate, sort)
+    if output_format == "csv":
+        return render_csv(COLUMNS, rows)
+    header, footer = _header(estimate), _footer(estimate)
+    if output_format == "markdown":
+        return "\n\n".join([*header, render_markdown(COLUMNS, rows), "\n".join(f"- {line}" for line in footer)])
+    return "\n".join([*(_wrap(line, max_width) for line in header), "", render_table(COLUMNS, rows, max_width), "",
+                      *(_wrap(line, max_width) for line in footer)])
+
+
+def _wrap(line: str, width: int | None) -> str:
+    """A prose line broken at spaces to `width` (continuation lines indented by two)."""
+    if width is None or len(line) <= width:
+        return line
+    return textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+
+
+def _header(estimate: Estimate) -> list[str]:
     trace, settings, model = estimate.trace, estimate.settings, estimate.model
     memory = settings.memory
     unit = model.sample_unit
@@ -112,30 +148,22 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
     if memory.accumulate_gradients:
         batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
     options = ", activation checkpointing" if memory.checkpointing else ""
-    rows = []
-    ordered = sort_results(estimate, sort)
-    for rank, result in enumerate(ordered, 1):
-        rows.append(_row(rank if result.fits else None, result, settings.spot))
-    table = render_table(COLUMNS, rows)
-    if max_width is not None and max(len(line) for line in table.splitlines()) > max_width:
-        keep = [i for i, c in enumerate(COLUMNS) if c.header not in ("Max bs", "Spot $", "Calib")]
-        table = render_table([COLUMNS[i] for i in keep], [[row[i] for i in keep] for row in rows])
-    lines = [
+    return [
         f"Model: {model.name} ({model.source}), {count(trace.params)} parameters, "
         f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)",
         f"Settings: {batch}, {memory.precision}, {describe_optimizer(memory.optimizer, trace.optimizer_class)}{options}; "
         f"job: {settings.job.describe(memory.batch_size, unit)}",
         _calibration_line(estimate),
-        "Peak/Mem: peak training memory / device memory (GiB = 2^30 bytes); Step: one optimizer step; "
-        "Job $: on demand, per GPU-hour x hours (one GPU's share of a multi-GPU instance, marked Nx); "
-        "Buy $: card price",
-        "",
-        table,
-        "",
-        *_summary(estimate),
+        "Peak/Mem: peak training memory / device memory (GiB = 2^30 bytes; 'GiB short' in Train: does not "
+        "fit); Step: one optimizer step; Job $: on demand, per GPU-hour x hours (one GPU's share of a "
+        "multi-GPU instance, marked Nx); Buy $: card price",
     ]
-    lines.extend(note for note in (coverage_of(trace).warning(), trace.values_note()) if note)
-    return "\n".join(lines)
+
+
+def _footer(estimate: Estimate) -> list[str]:
+    trace = estimate.trace
+    notes = (coverage_of(trace).warning(), trace.values_note())
+    return _summary(estimate) + [note for note in notes if note]
 
 
 def _calibration_line(estimate: Estimate) -> str:

@@ -6,12 +6,12 @@ Exit codes: 0 ok, 2 bad usage or bad input (one sentence on stderr), 1 internal 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from advisor import __version__
 from advisor.cli import calibrate, estimate, gpus, memory, profile, report
+from advisor.cli.arguments import note, set_quiet
 from advisor.hardware.loader import load_hwdb
 from advisor.process import exit_now, report_exit, terminate_on_sigterm
 
@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra hardware/price YAML directory; its entries replace shipped ones with the same id "
         "(repeatable; also $GPU_ADVISOR_HWDB and ~/.config/gpu-advisor/hwdb)",
     )
+    common.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines or notes on stderr (errors still are)")
     parser = OneLineParser(
         prog="advisor",
         description="Predict training time, memory and cost of a PyTorch model on every GPU.",
@@ -55,9 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        set_quiet(args.quiet)
         db = load_hwdb(args.hwdb)
         for override in db.overrides:
-            print(f"advisor: note: {override.message()}", file=sys.stderr)
+            note(override.message())
         return args.run(args, db)
     except BaseException as exc:  # noqa: BLE001 -- every way out, each reported once
         return report_exit(exc, "advisor")

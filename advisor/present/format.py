@@ -49,17 +49,24 @@ def duration(seconds: float, digits: int = 3) -> str:
     return "0 s" if seconds == 0 else f"{seconds:.2g} s"
 
 
+SMALLEST_MONEY = 0.01
+"""A cent: smaller amounts show as "<0.01" (nobody budgets in millionths of a dollar; 9.8e-05 read as
+a typo)."""
+
+
 def money(value: float | None) -> str:
-    """USD with the precision a budget needs: 1,234 / 12.34 / 0.012; "-" for none."""
+    """USD as people write it: 1,234 / 12.34 / 0.57 / <0.01; "-" for none; past a billion 3.46 B."""
     if value is None:
         return "-"
     if value >= 1e9:  # absurd jobs stay readable: 3.46 T or 1.2e+18, not a row of digits
         return count(value) if value < 1e15 else f"{value:.3g}"
     if value >= 100:
         return f"{value:,.0f}"
-    if value >= 0.1:
-        return f"{value:.2f}"
-    return f"{value:.2g}"
+    if value == 0:
+        return "0"
+    if value < SMALLEST_MONEY:
+        return f"<{SMALLEST_MONEY:.2f}"
+    return f"{value:.2f}"
 
 
 SECONDS_PER_YEAR = 365.25 * 86400

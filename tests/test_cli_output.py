@@ -1,0 +1,100 @@
+"""The estimate's output formats (issue #23): a table that fits the width it is given ($COLUMNS, also
+when piped), CSV and Markdown with every column, --json unchanged, --quiet, readable money."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from advisor.cli.main import main
+from advisor.cli.table import Column, fit_columns, render_markdown, render_table
+from advisor.present.format import money
+
+GPUS = ("--gpu", "h100-sxm", "--gpu", "rtx-3090", "--gpu", "t4", "--gpu", "a100-sxm4-80gb")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_every_line_fits_the_width_in_columns(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                              width: int) -> None:
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, err = run(capsys, "estimate", "mlp", *GPUS)
+    assert code == 0, err
+    assert max(len(line) for line in out.splitlines()) <= width
+    table = next(line for line in out.splitlines() if line.split()[:2] == ["#", "Device"])
+    assert "Train" in table and "Job $" in table and "Peak/Mem GiB" in table  # never dropped
+
+
+def test_a_pipe_without_columns_gets_every_column(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _ = run(capsys, "estimate", "mlp", *GPUS)
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["#", "Device"])
+    assert header.split() == ["#", "Device", "Peak/Mem", "GiB", "Max", "bs", "Step", "Samples/s", "Train", "Bound",
+                              "Cheapest", "cloud", "Job", "$", "Spot", "$", "Buy", "$", "Calib"]
+
+
+def test_the_real_command_fits_80_columns_when_piped() -> None:
+    done = subprocess.run([sys.executable, "-m", "advisor", "estimate", "mlp", *GPUS], capture_output=True, text=True,
+                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+def test_csv_has_every_device_and_column(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "40")  # the width is for the terminal table only
+    code, out, _ = run(capsys, "estimate", "mlp", *GPUS, "--format", "csv")
+    assert code == 0
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0][:3] == ["#", "Device", "Peak/Mem GiB"] and len(rows[0]) == 13
+    assert sorted(row[1] for row in rows[1:]) == sorted(GPUS[1::2])
+
+
+def test_markdown_is_a_table_with_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "estimate", "mlp", *GPUS, "--format", "markdown")
+    assert code == 0
+    assert "| # | Device | Peak/Mem GiB |" in out and "|---:|---|---:|" in out
+    assert "- Fastest: " in out
+
+
+def test_format_json_is_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "estimate", "mlp", "--gpu", "t4", "--format", "json")
+    assert code == 0 and json.loads(out)["results"][0]["gpu_id"] == "t4"
+
+
+def test_quiet_silences_notes(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    from tests.test_cli_gpus import TINY_GPU, write_yaml
+
+    write_yaml(tmp_path / "mine.yaml", {"gpus": [{**TINY_GPU, "id": "rtx-3090", "memory_gb": 48, "sources": ["P23"]}]})
+    code, _, err = run(capsys, "gpus", "--hwdb", str(tmp_path), "--json")
+    assert code == 0 and "advisor: note:" in err  # the override is noted...
+    code, _, err = run(capsys, "gpus", "--hwdb", str(tmp_path), "--json", "--quiet")
+    assert code == 0 and err == ""  # ...unless --quiet
+
+
+def test_columns_give_way_in_their_order() -> None:
+    columns = [Column("a"), Column("b", drop_order=2), Column("c", drop_order=1), Column("d")]
+    rows = [["aaaa", "bbbb", "cccc", "dddd"]]
+    # all four: 4 x 4 + 3 x 2 = 22 characters; without c: 16; without b and c: 10
+    assert [c.header for c in fit_columns(columns, rows, 22)[0]] == ["a", "b", "c", "d"]
+    assert [c.header for c in fit_columns(columns, rows, 21)[0]] == ["a", "b", "d"]
+    assert [c.header for c in fit_columns(columns, rows, 12)[0]] == ["a", "d"]
+    assert render_table(columns, rows, 5).splitlines()[0] == "a     d"  # never-dropped ones stay
+    assert render_markdown([Column("x|y", True)], [["1|2"]]) == "| x\\|y |\n|---:|\n| 1\\|2 |"
+
+
+@pytest.mark.parametrize("usd, text", [(None, "-"), (0.0, "0"), (9.8e-05, "<0.01"), (0.0123, "0.01"),
+                                       (0.57, "0.57"), (12.345, "12.35"), (1234.4, "1,234"), (3.46e12, "3.46 T")])
+def test_money_reads_as_people_write_it(usd: float | None, text: str) -> None:
+    assert money(usd) == text
