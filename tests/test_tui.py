@@ -394,7 +394,7 @@ def test_database_screen_lists_gpus_and_cycles_sort() -> None:
         table = app.screen.query_one(DataTable)
         assert table.row_count == len(DB.gpus)
         assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.memory_bytes).id
-        await pilot.press("s")
+        await pilot.press("o")  # sort is `o` on every screen
         await pilot.pause()
         assert table.get_row_at(0)[0] == max(DB.gpus, key=lambda g: g.bandwidth_bytes_per_s).id
         assert "sorted by BW" in str(app.screen.query_one("#summary", Static).render())
@@ -486,3 +486,56 @@ def test_the_form_exposes_every_option_of_a_request() -> None:
         assert isinstance(screen.query_one("#local"), Switch)
 
     drive(scenario)
+
+
+def test_from_start_enter_opens_the_first_devices_detail() -> None:
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        assert app.focused is screen.query_one("#devices", DataTable)  # the results have focus at start
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.query_one(TabbedContent).active == "tab-detail"
+        assert screen.selected == screen.estimate.by_time()[0].id
+        await pilot.press("3")
+        assert screen.query_one(TabbedContent).active == "tab-chart"
+        await pilot.press("escape")
+        assert screen.query_one(TabbedContent).active == "tab-devices"
+
+    drive(scenario)
+
+
+def test_escape_from_the_gpu_list_returns_to_the_estimate_intact() -> None:
+    from advisor.tui.database_screen import DatabaseScreen
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        estimate_screen = app.screen
+        estimate = estimate_screen.estimate
+        rows = first_column(estimate_screen.query_one("#devices", DataTable))
+        await pilot.press("g")
+        await pilot.pause()
+        assert isinstance(app.screen, DatabaseScreen)
+        await pilot.press("o")  # sorts the GPU list there, as on the estimate screen
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is estimate_screen and estimate_screen.estimate is estimate
+        assert first_column(estimate_screen.query_one("#devices", DataTable)) == rows
+
+    drive(scenario)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_every_cost_cell_shows_a_whole_figure(size: tuple[int, int]) -> None:
+    from advisor.present.format import money
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        table = screen.query_one("#devices", DataTable)
+        keys = [column.key.value for column in table.columns.values()]
+        assert "cost" in keys and "train" in keys
+        assert table.virtual_size.width <= table.size.width  # no column hidden off the right edge
+        cost = table.get_column("cost")
+        spot = screen.estimate.settings.spot
+        expected = {r.id: money(r.job_cost_usd(spot)) for r in screen.estimate.fitting}
+        assert {key.value: str(value) for key, value in zip(table.rows, cost)} == expected
+
+    drive(scenario, size)

@@ -46,9 +46,11 @@ def _sort_key(value: object, descending: bool) -> tuple[int, object]:
 
 
 class DatabaseScreen(Screen):
-    """All GPUs of the database in a table; `s` cycles the sort column."""
+    """All GPUs of the database in a table; `o` cycles the sort column (as on the estimate screen),
+    Escape goes back to the estimate."""
 
-    BINDINGS = [Binding("s", "cycle_sort", "Sort"), Binding("q", "app.quit", "Quit")]
+    BINDINGS = [Binding("o", "cycle_sort", "Sort"), Binding("escape,b", "app.pop_screen", "Back"),
+                Binding("q", "app.quit", "Quit")]
 
     def __init__(self, db: HardwareDB) -> None:
         super().__init__()

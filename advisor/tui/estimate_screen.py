@@ -55,11 +55,14 @@ SETTINGS_BESIDE_WIDTH = 110
 """Below this width the settings start hidden (`s` shows them), leaving the table the screen."""
 NO_SELECTION = getattr(Select, "NULL", None) or Select.BLANK
 """A Select with nothing chosen (Textual 8 calls it Select.NULL, earlier versions Select.BLANK)."""
-COLUMNS = (  # (key, label, sort key when its header is clicked)
-    ("rank", "#", "time"), ("device", "Device", "name"), ("memory", "Peak/Mem GiB", "memory"),
-    ("step", "Step", "time"), ("throughput", "Samples/s", "throughput"), ("train", "Train", "time"),
-    ("bound", "Bound", "time"), ("cost", "Cheapest $", "cost"), ("buy", "Buy $", "name"),
+COLUMNS = (  # (key, label, sort key when its header is clicked, drop order in a narrow table: 1 first)
+    ("rank", "#", "time", None), ("device", "Device", "name", None), ("memory", "Peak/Mem GiB", "memory", None),
+    ("step", "Step", "time", 3), ("throughput", "Samples/s", "throughput", 2), ("train", "Train", "time", None),
+    ("bound", "Bound", "time", 1), ("cost", "Cheapest $", "cost", None), ("buy", "Buy $", "name", 4),
 )
+CELL_PADDING = 2
+"""Columns a DataTable adds around each cell (one each side)."""
+SCROLLBAR_WIDTH = 2
 
 
 class EstimateScreen(Screen):
@@ -68,6 +71,10 @@ class EstimateScreen(Screen):
     BINDINGS = [
         Binding("s", "toggle_settings", "Settings"),
         Binding("o", "cycle_sort", "Sort"),
+        Binding("1", "show_tab('tab-devices')", "Devices", show=False),
+        Binding("2", "show_tab('tab-detail')", "Detail", show=False),
+        Binding("3", "show_tab('tab-chart')", "Chart", show=False),
+        Binding("escape", "show_tab('tab-devices')", "Results", show=False),
         Binding("r", "estimate", "Re-estimate"),
         Binding("x", "app.export", "Export"),
         Binding("m", "app.machine", "This machine"),
@@ -153,13 +160,14 @@ class EstimateScreen(Screen):
 
     def on_mount(self) -> None:
         table = self.query_one("#devices", DataTable)
-        for key, label, _ in COLUMNS:
-            table.add_column(label, key=key)
         self._check_size()
+        table.focus()  # the results are what a person looks at first; `s` and Tab reach the form
         self.action_estimate()
 
     def on_resize(self) -> None:
         self._check_size()
+        if self.estimate is not None:
+            self.call_after_refresh(self._fill_table)  # the columns that fit the new width
 
     def _check_size(self) -> None:
         width, height = self.app.size
@@ -285,9 +293,25 @@ class EstimateScreen(Screen):
         estimate = self.estimate
         assert estimate is not None
         table = self.query_one("#devices", DataTable)
-        table.clear()
-        for rank, result in enumerate(sort_results(estimate, self.sort), 1):
-            table.add_row(*_cells(rank, result, estimate.settings.spot), key=result.id)
+        rows = [(result.id, _cells(rank, result, estimate.settings.spot))
+                for rank, result in enumerate(sort_results(estimate, self.sort), 1)]
+        shown = _columns_that_fit([cells for _, cells in rows], self._table_width())
+        cursor = table.cursor_row
+        table.clear(columns=True)
+        for index in shown:
+            key, label, _, _ = COLUMNS[index]
+            table.add_column(label, key=key)
+        for device_id, cells in rows:
+            table.add_row(*(cells[i] for i in shown), key=device_id)
+        if rows:
+            table.move_cursor(row=min(cursor, len(rows) - 1))
+
+    def _table_width(self) -> int:
+        """Columns the device table has: the screen less the settings beside it, when shown."""
+        width = self.app.size.width
+        if not self.has_class("hide-settings"):
+            width -= self.query_one("#settings").outer_size.width or 30
+        return width - SCROLLBAR_WIDTH
 
     def _fill_chart(self) -> None:
         estimate = self.estimate
@@ -352,7 +376,7 @@ class EstimateScreen(Screen):
 
     @on(DataTable.HeaderSelected, "#devices")
     def _header_selected(self, event: DataTable.HeaderSelected) -> None:
-        self.sort_by(next(sort for key, _, sort in COLUMNS if key == event.column_key.value))
+        self.sort_by(next(sort for key, _, sort, _ in COLUMNS if key == event.column_key.value))
 
     def sort_by(self, key: str) -> None:
         assert key in SORT_KEYS, key
@@ -364,9 +388,17 @@ class EstimateScreen(Screen):
     def action_cycle_sort(self) -> None:
         self.sort_by(SORT_KEYS[(SORT_KEYS.index(self.sort) + 1) % len(SORT_KEYS)])
 
+    def action_show_tab(self, tab: str) -> None:
+        """Show the Devices (1), Detail (2) or Time-vs-cost (3) tab."""
+        self.query_one(TabbedContent).active = tab
+        if tab == "tab-devices":
+            self.query_one("#devices", DataTable).focus()
+
     def action_toggle_settings(self) -> None:
         self.settings_shown = self.has_class("hide-settings")
         self.set_class(not self.settings_shown, "hide-settings")
+        if self.estimate is not None:
+            self.call_after_refresh(self._fill_table)  # the table's width changed
 
 
 def _chosen(value: object) -> str | None:
@@ -380,6 +412,19 @@ def _text(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def _columns_that_fit(rows: list[list[object]], width: int) -> list[int]:
+    """Indices of COLUMNS to show in `width` columns: the narrowest table drops bound, throughput, step
+    time and purchase price in that order, so time-to-train and cost always show whole figures."""
+    def column_width(index: int) -> int:
+        return max([len(COLUMNS[index][1])] + [len(str(row[index])) for row in rows]) + CELL_PADDING
+
+    shown = list(range(len(COLUMNS)))
+    droppable = sorted((drop, i) for i, (_, _, _, drop) in enumerate(COLUMNS) if drop is not None)
+    while droppable and sum(column_width(i) for i in shown) > width:
+        shown.remove(droppable.pop(0)[1])
+    return shown
 
 
 def _cells(rank: int, result: DeviceEstimate, spot: bool) -> list[object]:

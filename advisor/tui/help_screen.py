@@ -18,7 +18,9 @@ machine), from one training step traced on fake tensors and each device's calibr
 |---|---|
 | `s` | show or hide the settings |
 | `Enter` (Devices tab) | detail of the device: memory bar, top ops, cloud offers, buying |
-| `o` / click a column header | sort: time, cost, throughput, memory, name |
+| `1` `2` `3` | the Devices, Detail and Time-vs-cost tabs |
+| `o` / click a column header | sort: time, cost, throughput, memory, name (also on the GPU list) |
+| `Escape` | back (from the GPU list, this machine, help, export) |
 | `r` | re-estimate now |
 | `x` | export the current view: HTML or Markdown report, or JSON |
 | `m` | this machine: local CPU and GPUs, calibration, run a calibration |
