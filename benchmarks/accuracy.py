@@ -436,7 +436,7 @@ def main() -> int:
             summaries["gpu"] = summary_figures(rows, "step time of real training steps on GPUs "
                                                "(benchmarks/gpu_groundtruth.py) against the prediction for that GPU")
         else:
-            lines.append("none measured yet: run benchmarks/gpu_groundtruth.py on a GPU (README.md, 'GPU ground truth')")
+            lines.append("none measured yet: run benchmarks/gpu_groundtruth.py on a GPU (docs/gpu-ground-truth.md)")
     lines.append(f"\n({time.perf_counter() - started:.0f} s)")
     text = "\n".join(lines)
     print(text)

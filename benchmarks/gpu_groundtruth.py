@@ -91,7 +91,7 @@ def missing(modules: dict[str, str]) -> list[str]:
 def missing_sentence(what: str, names: list[str]) -> str:
     return (f"{PROG}: {what} needs {', '.join(names)}, which {sys.executable} cannot import; on a machine that has "
             f"them run `python benchmarks/gpu_groundtruth.py --bundle-deps` and carry .deps/ with the working tree "
-            f"(README.md, 'GPU ground truth')")
+            f"(docs/gpu-ground-truth.md)")
 
 
 if __name__ == "__main__" and "--bundle-deps" not in sys.argv and missing(NEEDED):

@@ -48,6 +48,8 @@ from advisor.cli import calibrate as calibrate_cli
 from advisor.cli.main import main
 from advisor.estimate import targets as targets_module
 from tests.attacks import REPO, Attack, check_attack
+
+pytestmark = pytest.mark.slow  # seconds per test: `python -m pytest -m "not slow"` skips them
 from tests.calibration_fakes import steady_cases, steady_cpu
 from tests.test_calibration import TINY_SUITE
 

@@ -17,6 +17,8 @@ import pytest
 
 from tests.attacks import REPO, Attack, check_attack
 
+pytestmark = pytest.mark.slow  # seconds per test: `python -m pytest -m "not slow"` skips them
+
 LINEAR = """
 import torch
 def build_model():

@@ -26,6 +26,8 @@ from advisor.paths import shipped_dir
 from advisor.profile.costs import op_cost
 from tests.calibration_fakes import steady_cases, steady_cpu
 
+pytestmark = pytest.mark.slow  # seconds per test: `python -m pytest -m "not slow"` skips them
+
 TINY_SUITE = """
 schema: 1
 timing:

@@ -45,6 +45,7 @@ def test_a_pipe_without_columns_gets_every_column(capsys: pytest.CaptureFixture[
                               "Cheapest", "cloud", "Job", "$", "Spot", "$", "Buy", "$", "Calib"]
 
 
+@pytest.mark.slow
 def test_the_real_command_fits_80_columns_when_piped() -> None:
     done = subprocess.run([sys.executable, "-m", "advisor", "estimate", "mlp", *GPUS], capture_output=True, text=True,
                           env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}, timeout=300)

@@ -25,6 +25,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_groundtruth as gt  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a dry run of the harness (seconds): `python -m pytest -m "not slow"` skips it
+
 MODELS = "mlp,resnet50,gpt2_small,moe"
 """A CNN (two layouts, convolutions), attention, an MLP and the MoE: 40 rows, a few seconds each model."""
 

@@ -28,6 +28,8 @@ from tests.test_calibration import TINY_SUITE
 
 DB = load_hwdb(include_user_layers=False)
 
+pytestmark = pytest.mark.slow  # seconds per test: `python -m pytest -m "not slow"` skips them
+
 
 def mlp_app() -> AdvisorApp:
     return AdvisorApp(DB, PlanRequest(model="mlp"))

@@ -1,5 +1,5 @@
 """`advisor estimate [MODEL.py]`: the ranked table of devices (fits, memory, step time, throughput,
-time-to-train, cloud cost, purchase), or PRODUCT.md's JSON with --json."""
+time-to-train, cloud cost, purchase), or the JSON of docs/json-schema.md with --json."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.add_argument("--format", choices=FORMATS, default="table",
                         help="table (fitted to the terminal, or to $COLUMNS), json (the --json schema), csv (the "
                              "device table, every column) or markdown")
-    parser.add_argument("--json", action="store_true", help="machine-readable output (PRODUCT.md schema); "
+    parser.add_argument("--json", action="store_true", help="machine-readable output (schema: docs/json-schema.md); "
                                                             "the same as --format json")
     parser.set_defaults(run=run)
 

@@ -63,6 +63,7 @@ class Coverage:
     def to_dict(self) -> dict[str, Any]:
         return {"ops": self.ops, "uncounted_ops": dict(self.uncounted),
                 "counted_fraction": self.counted_fraction,
+                "uncounted_share": self.bytes_share,  # PRODUCT.md's name for it
                 "uncounted_bytes_fraction": self.bytes_share, "warning": self.warning()}
 
 

@@ -86,7 +86,7 @@ class AdvisorApp(App):
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpu-advisor", description="Choose a GPU for training MODEL: the TUI.")
     parser.add_argument("model", nargs="?", metavar="MODEL.py",
-                        help="model file (see PRODUCT.md's contract) or built-in example name; default resnet50")
+                        help="model file (see docs/model-file.md) or built-in example name; default resnet50")
     parser.add_argument("--hwdb", action="append", default=[], metavar="DIR",
                         help="extra hardware/price YAML directory (as for `advisor`)")
     return parser.parse_args(argv)
