@@ -284,8 +284,12 @@ def test_plan_arithmetic_and_ranking(mlp_estimate) -> None:
         assert result.steps == 2813  # ceil(180,000 / 64)
         assert result.time_to_train_s == pytest.approx(2813 * result.step_time_s)
         assert result.throughput == pytest.approx(64 / result.step_time_s)
-        for cost in result.cloud:
-            assert cost.cost_usd == pytest.approx(result.time_to_train_s / 3600 * cost.usd_per_hour)
+        for cost in result.cloud:  # the whole instance is rented: an 8-GPU node costs 8 GPU-hours per hour
+            assert cost.cost_usd == pytest.approx(result.time_to_train_s / 3600 * cost.usd_per_hour
+                                                  * cost.gpus_per_instance)
+        cheapest = result.cheapest()  # only instances of the job's size (one GPU) are rented for it
+        assert cheapest is None or (cheapest.gpus_per_instance == 1 and cheapest.cost_usd == min(
+            c.cost_usd for c in result.cloud if c.gpus_per_instance == 1))
     times = [r.time_to_train_s for r in estimate.by_time()]
     assert times == sorted(times) and len(times) == 5
     costs = [r.job_cost_usd() for r in estimate.by_cost()]
@@ -398,3 +402,29 @@ def test_cli_local_cpu_calibrates_once_then_reuses(capsys, tmp_path: Path, monke
     assert code == 0 and "measuring" not in err
     again = next(r for r in json.loads(out)["results"] if r["gpu_id"] == "local-cpu")
     assert again["step_time_s"] == cpu["step_time_s"]  # the same stored profile, the same trace
+
+
+def test_a_one_gpu_job_is_not_priced_on_a_share_of_a_multi_gpu_node(mlp_estimate) -> None:
+    # h100-sxm: lambda rents 8x nodes at 2.99 USD/GPU-hour, runpod 1x at 2.99: the job is priced on the 1x
+    h100 = mlp_estimate.result("h100-sxm")
+    assert h100.cheapest().gpus_per_instance == 1
+    hours = h100.time_to_train_s / 3600
+    eight = next(c for c in h100.cloud if c.gpus_per_instance == 8 and c.provider == "lambda")
+    assert eight.cost_usd == pytest.approx(hours * 2.99 * 8)  # listed as what renting the node costs
+    assert h100.job_cost_usd() == pytest.approx(hours * 2.99)
+
+
+def test_a_gpu_offered_only_in_larger_instances_says_so() -> None:
+    db = load_hwdb([])
+    model = load_model_file("mlp")
+    settings = EstimateSettings(MemorySettings(64, "fp32", "adamw"), Job(samples=60_000, epochs=1))
+    estimate = estimate_model(model, db, database_targets(db, [db.gpu("rtx-4090")], load_families(db)), settings)
+    result = estimate.result("rtx-4090")  # the database holds RunPod's 8x RTX 4090 row only
+    assert result.cloud and result.cheapest() is None and result.job_cost_usd() is None
+    assert result.no_offer_reason() == "no 1-GPU offer" and estimate.by_cost() == []
+
+
+def test_spot_is_shown_only_where_it_saves(mlp_estimate) -> None:
+    for result in mlp_estimate.fitting:
+        saving, on_demand = result.spot_saving_cost_usd(), result.job_cost_usd()
+        assert saving is None or on_demand is None or saving < on_demand

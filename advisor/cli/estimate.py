@@ -80,12 +80,19 @@ def fits_nowhere(estimate: Estimate) -> str:
     return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results])
 
 
-COLUMNS = [
-    Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
-    Column("Step", True, drop_order=7), Column("Samples/s", True, drop_order=4), Column("Train", True),
-    Column("Bound", drop_order=6), Column("Cheapest cloud", drop_order=8), Column("Job $", True),
-    Column("Spot $", True, drop_order=3), Column("Buy $", True, drop_order=5), Column("Calib", drop_order=1),
-]
+def columns(spot: bool) -> list[Column]:
+    """The device table's columns; with `spot` the job is priced at spot rates and the other price
+    column is on demand."""
+    return [
+        Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
+        Column("Step", True, drop_order=7), Column("Samples/s", True, drop_order=4), Column("Train", True),
+        Column("Bound", drop_order=6), Column("Cheapest cloud", drop_order=8), Column("Job $", True),
+        Column("On-demand $" if spot else "Spot $", True, drop_order=3), Column("Buy $", True, drop_order=5),
+        Column("Calib", drop_order=1),
+    ]
+
+
+COLUMNS = columns(spot=False)
 """The device table. In a narrow terminal the calibration, max batch, spot cost, throughput, purchase
 price, bound, step time and cheapest offer give way in that order; rank, device, memory, time-to-train
 and job cost stay (80 columns keep the cheapest offer too)."""
@@ -100,15 +107,17 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     if not result.fits:  # time-to-train is never dropped: what is missing goes there
         short = f"{gib(result.memory.missing_bytes)} GiB short"
         return ["", result.id, memory, max_batch, "", "", short, "", "", "", "", buy, calibration]
-    offer = result.cheapest(spot_ranked)
-    where = "-" if offer is None else f"{offer.provider} {offer.usd_per_hour:.2f}/h"
-    if offer is not None and offer.gpus_per_instance > 1:
-        where += f" ({offer.gpus_per_instance}x)"
-    cheapest_spot = result.cheapest(spot=True)
+    offer = result.cheapest(spot_ranked)  # the offer the job cost is priced on, at the rate shown
+    if offer is None:
+        where = result.no_offer_reason()
+    else:
+        rate = offer.spot_usd_per_hour if spot_ranked else offer.usd_per_hour
+        where = f"{offer.provider} {rate:.2f}/h" + (" spot" if spot_ranked else "")
+    other = result.job_cost_usd() if spot_ranked else result.spot_saving_cost_usd()
     return [
         str(rank), result.id, memory, max_batch, duration(result.step_time_s), f"{result.throughput:,.1f}",
-        plan_duration(result.time_to_train_s), result.step.bound, where, money(result.job_cost_usd()),
-        money(None if cheapest_spot is None else cheapest_spot.spot_cost_usd), buy, calibration,
+        plan_duration(result.time_to_train_s), result.step.bound, where, money(result.job_cost_usd(spot_ranked)),
+        money(other), buy, calibration,
     ]
 
 
@@ -123,13 +132,14 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
     """The estimate as the terminal table with its header and summary lines fitted to `max_width`
     (None: every column, lines unwrapped), as CSV (the table alone) or as Markdown."""
     assert output_format in ("table", "csv", "markdown"), output_format
-    rows = device_rows(estimate, sort)
+    rows, table_columns = device_rows(estimate, sort), columns(estimate.settings.spot)
     if output_format == "csv":
-        return render_csv(COLUMNS, rows)
+        return render_csv(table_columns, rows)
     header, footer = _header(estimate), _footer(estimate)
     if output_format == "markdown":
-        return "\n\n".join([*header, render_markdown(COLUMNS, rows), "\n".join(f"- {line}" for line in footer)])
-    return "\n".join([*(_wrap(line, max_width) for line in header), "", render_table(COLUMNS, rows, max_width), "",
+        return "\n\n".join([*header, render_markdown(table_columns, rows),
+                             "\n".join(f"- {line}" for line in footer)])
+    return "\n".join([*(_wrap(line, max_width) for line in header), "", render_table(table_columns, rows, max_width), "",
                       *(_wrap(line, max_width) for line in footer)])
 
 
@@ -155,8 +165,9 @@ def _header(estimate: Estimate) -> list[str]:
         f"job: {settings.job.describe(memory.batch_size, unit)}",
         _calibration_line(estimate),
         "Peak/Mem: peak training memory / device memory (GiB = 2^30 bytes; 'GiB short' in Train: does not "
-        "fit); Step: one optimizer step; Job $: on demand, per GPU-hour x hours (one GPU's share of a "
-        "multi-GPU instance, marked Nx); Buy $: card price",
+        "fit); Step: one optimizer step; Cheapest cloud and Job $: the cheapest 1-GPU instance for the job's "
+        f"hours, {'at spot rates' if settings.spot else 'on demand'} (8-GPU nodes are not rented for a 1-GPU job); "
+        f"{'On-demand $' if settings.spot else 'Spot $: the cheapest spot price where it is lower'}; Buy $: card price",
     ]
 
 

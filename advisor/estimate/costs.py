@@ -71,8 +71,10 @@ class Job:
 
 @dataclass(frozen=True)
 class CloudCost:
-    """The job rented from one offer. Prices per GPU-hour; the job uses one GPU, so on an instance
-    with several the cost is one GPU's share (what the same GPU-hours cost spread over all of them)."""
+    """The job rented from one offer. Prices (`usd_per_hour`, `spot_usd_per_hour`) per GPU-hour, as
+    the database gives them; costs of renting the whole instance for the job's hours: a one-GPU job on
+    an 8-GPU node pays for all 8 (nobody rents one GPU of it), so such offers are listed, never the
+    cheapest for it (DeviceEstimate.cheapest)."""
 
     provider: str
     instance: str
@@ -113,14 +115,15 @@ class Ownership:
 
 
 def cloud_costs(offers: Sequence[CloudOffer], hours: float) -> list[CloudCost]:
-    """The job on each offer, cheapest on demand first.
+    """The job on each offer, the whole instance rented for `hours`, cheapest on demand first.
 
-    # 10 h at 2.00 USD/GPU-hour on demand, 0.80 spot: 20.00 USD and 8.00 USD
+    # 10 h at 2.00 USD/GPU-hour on demand, 0.80 spot, 1 GPU: 20.00 USD and 8.00 USD; on an 8-GPU
+    # instance at the same rates: 8 x 20.00 = 160.00 USD and 64.00 USD
     """
     costs = [
         CloudCost(o.provider, o.instance, o.region, o.gpus_per_instance, o.usd_per_gpu_hour, o.spot_usd_per_gpu_hour,
-                  hours * o.usd_per_gpu_hour,
-                  None if o.spot_usd_per_gpu_hour is None else hours * o.spot_usd_per_gpu_hour,
+                  hours * o.usd_per_gpu_hour * o.gpus_per_instance,
+                  None if o.spot_usd_per_gpu_hour is None else hours * o.spot_usd_per_gpu_hour * o.gpus_per_instance,
                   o.source, o.date.isoformat())
         for o in offers
     ]

@@ -18,6 +18,10 @@ from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace
 
+JOB_GPUS = 1
+"""GPUs a job uses: one, until multi-GPU jobs are planned (issue #25); instances with more are listed
+but not rented for it."""
+
 Progress = Callable[[str], None]
 
 
@@ -54,12 +58,27 @@ class DeviceEstimate:
     def time_to_train_s(self) -> float:
         return self.steps * self.step.step_s
 
+    @property
+    def job_sized_offers(self) -> list[CloudCost]:
+        """Offers of instances with as many GPUs as the job uses (JOB_GPUS): the ones it would rent."""
+        return [c for c in self.cloud if c.gpus_per_instance == JOB_GPUS]
+
     def cheapest(self, spot: bool = False) -> CloudCost | None:
-        """The cheapest offer for the job, on demand or spot."""
+        """The cheapest job-sized offer for the job, on demand or spot; None where there is none."""
         if spot:
-            priced = [c for c in self.cloud if c.spot_cost_usd is not None]
+            priced = [c for c in self.job_sized_offers if c.spot_cost_usd is not None]
             return min(priced, key=lambda c: c.spot_cost_usd or 0.0, default=None)
-        return self.cloud[0] if self.cloud else None
+        return min(self.job_sized_offers, key=lambda c: c.cost_usd, default=None)
+
+    def spot_saving_cost_usd(self) -> float | None:
+        """The cheapest spot cost of the job where it is below the cheapest on-demand one (a spot offer
+        of another provider that costs more than renting on demand saves nothing), else None."""
+        spot, on_demand = self.job_cost_usd(spot=True), self.job_cost_usd()
+        return spot if spot is not None and (on_demand is None or spot < on_demand) else None
+
+    def no_offer_reason(self) -> str:
+        """Why the job has no price: "no 1-GPU offer" where only larger instances are offered, else "-"."""
+        return f"no {JOB_GPUS}-GPU offer" if self.cloud and not self.job_sized_offers else "-"
 
     def job_cost_usd(self, spot: bool = False) -> float | None:
         offer = self.cheapest(spot)
@@ -233,7 +252,8 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
     owning = None
     if gpu is not None:
         costs = tuple(cloud_costs(db.offers_for(gpu.id), hours))
-        cheapest = costs[0].usd_per_hour if costs else None
+        job_sized = [c.usd_per_hour for c in costs if c.gpus_per_instance == JOB_GPUS]
+        cheapest = min(job_sized, default=None)
         owning = ownership(gpu, hours, db.defaults.electricity_usd_per_kwh, cheapest)
     return DeviceEstimate(target, memory, step, batch, steps, costs, owning)
 

@@ -225,12 +225,10 @@ def _device_row(rank: int, result: DeviceEstimate, spot: bool) -> DeviceRow:
         return DeviceRow("-", result.id, result.target.name, memory, max_batch, "does not fit", short, "-", "-", "-",
                          "-", "-", buy, result.target.calibration, False)
     offer = result.cheapest(spot)
-    cloud = "-" if offer is None else f"{offer.provider} {offer.instance}"
-    cheapest_spot = result.cheapest(spot=True)
+    cloud = result.no_offer_reason() if offer is None else f"{offer.provider} {offer.instance}"
     return DeviceRow(str(rank), result.id, result.target.name, memory, max_batch, duration(result.step_time_s),
                      f"{result.throughput:,.1f}", plan_duration(result.time_to_train_s), result.step.bound, cloud,
-                     money(result.job_cost_usd()),
-                     money(None if cheapest_spot is None else cheapest_spot.spot_cost_usd), buy,
+                     money(result.job_cost_usd()), money(result.spot_saving_cost_usd()), buy,
                      result.target.calibration, True)
 
 
