@@ -99,3 +99,19 @@ def test_columns_give_way_in_their_order() -> None:
                                        (0.57, "0.57"), (12.345, "12.35"), (1234.4, "1,234"), (3.46e12, "3.46 T")])
 def test_money_reads_as_people_write_it(usd: float | None, text: str) -> None:
     assert money(usd) == text
+
+
+@pytest.mark.parametrize("command", ["estimate", "profile", "memory", "report", "calibrate", "gpus"])
+def test_every_help_shows_examples_that_parse(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    from advisor.cli.main import build_parser
+
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    examples = out[out.index("examples:"):].splitlines()[1:]
+    commands = [line.strip() for line in examples if line.strip().startswith("advisor ")]
+    assert len(commands) >= 3
+    for line in commands:  # each example is a valid command line (what it runs is tested elsewhere)
+        argv = shlex.split(line.split(" > ")[0])[1:]
+        build_parser().parse_args(argv)

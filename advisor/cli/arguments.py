@@ -28,6 +28,21 @@ from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
 
 
+class HelpWithExamples(argparse.HelpFormatter):
+    """argparse's help, descriptions wrapped to the terminal, the examples epilog kept line by line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def examples(*commands: tuple[str, str]) -> dict[str, object]:
+    """add_parser's keywords for an epilog of (command line, what it does) pairs under "examples:"."""
+    lines = [f"  # {what}\n  {command}" for command, what in commands]
+    return {"epilog": "examples:\n" + "\n".join(lines), "formatter_class": HelpWithExamples}
+
+
 def positive_int(text: str, limit: int | None = None) -> int:
     """A whole number from 1 to `limit` (none when None)."""
     try:

@@ -16,6 +16,7 @@ from advisor.calibration.cache import CacheError, check_writable, load_profile, 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.quality import ProfileQuality, assess, gate, refusal_message
 from advisor.present.format import duration, percent, si
+from advisor.cli.arguments import examples
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
@@ -44,6 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         "calibrate",
         parents=parents,
         help="micro-benchmark this machine's CPU or GPU; the estimates of --local use the result",
+        **examples(("advisor calibrate --quick", "this machine's CPU in under a minute"),
+                   ("advisor calibrate --device cuda:0", "a local NVIDIA GPU"),
+                   ("advisor calibrate --show", "what is stored, with its quality")),
         description="Time GEMMs, convolutions, memory bandwidth, elementwise and normalisation kernels and "
                     "per-op overhead on a local device, fit efficiency curves with scipy, and store the "
                     "profile in the user's cache (re-used until the machine or software changes).",

@@ -11,7 +11,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from advisor.app.plan import plan
-from advisor.cli.arguments import add_estimate_arguments, progress, request_from_arguments
+from advisor.cli.arguments import add_estimate_arguments, examples, progress, request_from_arguments
 from advisor.present.format import count, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.ranking import SORT_KEYS, sort_results
@@ -29,6 +29,12 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         "estimate",
         parents=parents,
         help="training time, memory and cost of a model on every GPU (and this machine), ranked",
+        **examples(("advisor estimate", "the built-in ResNet-50 example on every GPU"),
+                   ("advisor estimate my_model.py --batch-size 64 --precision amp-bf16", "your model, as you train it"),
+                   ("advisor estimate llama --gpu h100-sxm --gpu a100-sxm4-80gb --checkpointing", "two GPUs only"),
+                   ("advisor estimate my_model.py --samples 50000 --epochs 10 --sort cost", "your job, cheapest first"),
+                   ("advisor estimate my_model.py --local", "also this machine, from a measured calibration"),
+                   ("advisor estimate my_model.py --format csv > plan.csv", "the device table for a spreadsheet")),
         description="Trace MODEL's training step on fake tensors, time every op on every device from its "
                     "peaks and calibration, check memory, and turn the step into time-to-train and money. "
                     "Without MODEL it runs the built-in resnet50 example.",

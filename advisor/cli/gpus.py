@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from advisor import units
-from advisor.cli.arguments import bounded_float
+from advisor.cli.arguments import bounded_float, examples
 from advisor.limits import MAX_MEMORY_GB
 from advisor.cli.table import Column, render_table
 from advisor.hardware.specs import CloudOffer, HardwareDB
@@ -22,9 +22,16 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         "gpus",
         parents=parents,
         help="list the GPU database with peaks and prices",
+        **examples(("advisor gpus", "every GPU, largest memory first"),
+                   ("advisor gpus --min-memory-gib 40 --sort price", "40 GiB or more, cheapest to rent first"),
+                   ("advisor gpus --provider lambda --json", "one provider's offers, as JSON"),
+                   ("advisor gpus --local", "also this machine's CPU and NVIDIA GPUs")),
         description="The GPU database: memory, bandwidth, peak throughput, cloud and purchase prices.",
     )
-    parser.add_argument("--min-memory-gb", type=bounded_float(MAX_MEMORY_GB, allow_zero=True), metavar="X", help="only GPUs with at least X GB of memory")
+    parser.add_argument("--min-memory-gb", "--min-memory-gib", dest="min_memory_gb",
+                        type=bounded_float(MAX_MEMORY_GB, allow_zero=True), metavar="X",
+                        help="only GPUs with at least X GiB of memory (the figure the card is sold by: 80 for an "
+                             "A100 80GB, which holds 80 GiB)")
     parser.add_argument("--provider", metavar="P", help="only GPUs rented by provider P, with P's prices")
     parser.add_argument("--sort", choices=sorted(SORT_KEYS), default="memory", help="sort key (default: memory)")
     parser.add_argument("--reverse", action="store_true", help="reverse the sort order")
@@ -52,7 +59,7 @@ def render_gpu_table(rows: list[GPURow], max_width: int | None = None) -> str:
     columns = [
         Column("ID"),
         Column("Name"),
-        Column("Mem GB", True),
+        Column("Mem GiB", True),
         Column("BW GB/s", True),
         Column("FP32 TF", True),
         Column("BF16 TF", True),

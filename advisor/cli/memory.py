@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from advisor import units
 from advisor.app.plan import plan_memory_only
-from advisor.cli.arguments import add_memory_arguments, add_model_arguments, progress, request_from_arguments
+from advisor.cli.arguments import add_memory_arguments, add_model_arguments, examples, progress, request_from_arguments
 from advisor.present.format import fits_nowhere_message
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
@@ -28,6 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         "memory",
         parents=parents,
         help="peak training memory on every GPU, its breakdown and the largest batch that fits",
+        **examples(("advisor memory my_model.py --batch-size 32", "peak memory on every GPU"),
+                   ("advisor memory llama --precision bf16 --gpu h100-sxm", "pure bf16 on one GPU"),
+                   ("advisor memory llama --batch-size 8 --micro-batch 1 --checkpointing",
+                    "gradient accumulation and checkpointing")),
         description="Trace MODEL's training step on fake tensors, follow every tensor's life, replay "
                     "PyTorch's CUDA caching allocator and add each GPU's CUDA context and cuBLAS workspace.",
     )

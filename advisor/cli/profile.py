@@ -8,7 +8,7 @@ import json
 
 from typing import TYPE_CHECKING
 
-from advisor.cli.arguments import add_model_arguments, positive_int, progress
+from advisor.cli.arguments import add_model_arguments, examples, positive_int, progress
 from advisor.present.format import count, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
@@ -26,6 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         "profile",
         parents=parents,
         help="FLOPs, params and bytes of a model's training step, by module and by op",
+        **examples(("advisor profile my_model.py", "parameters, FLOPs and bytes by module and op"),
+                   ("advisor profile resnet50 --depth 3 --top 20", "deeper module table, more ops"),
+                   ("advisor profile my_model.py --json > profile.json", "every figure as JSON")),
         description="Trace one training step of MODEL on fake tensors (no memory for weights) and "
                     "profile its forward with fvcore. FLOPs count 2 per multiply-add.",
     )

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from advisor.cli.arguments import add_estimate_arguments, bounded_float, request_from_arguments
+from advisor.cli.arguments import add_estimate_arguments, bounded_float, examples, request_from_arguments
 from advisor.cli.estimate import estimate_from_arguments, fits_nowhere
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
@@ -18,6 +18,9 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         "report",
         parents=parents,
         help="the planning report (HTML or Markdown with charts) for the purchase decision",
+        **examples(("advisor report -o plan.html", "the ResNet-50 example's report, one HTML file"),
+                   ("advisor report my_model.py -o plan.md --budget-usd 500", "Markdown, with a budget"),
+                   ("advisor report llama --precision bf16 --deadline-hours 48 -o llama.html", "with a deadline")),
         description="Estimate MODEL on every device (as `advisor estimate`) and write the planning report: "
                     "recommendations, the model, charts of time against cost, memory and buy-versus-rent, the "
                     "device table, cloud offers with price dates and sources, assumptions and accuracy. "

@@ -13,7 +13,7 @@ from advisor.hardware.specs import HardwareDB
 
 COLUMNS = (  # keys are `advisor gpus --sort` keys
     ("id", "ID"),
-    ("memory", "Mem GB"),
+    ("memory", "Mem GiB"),
     ("bandwidth", "BW GB/s"),
     ("fp32", "FP32 TF"),
     ("bf16", "BF16 TF"),
