@@ -428,3 +428,21 @@ def test_spot_is_shown_only_where_it_saves(mlp_estimate) -> None:
     for result in mlp_estimate.fitting:
         saving, on_demand = result.spot_saving_cost_usd(), result.job_cost_usd()
         assert saving is None or on_demand is None or saving < on_demand
+
+
+def test_a_purchase_budget_names_the_fastest_card_it_buys(mlp_estimate) -> None:
+    # rtx-3090 (1,499 USD) and rtx-5090 (1,999 USD) are for sale among the five; the best value may be
+    # either, but within 2,000 USD the faster of the two is named, within 1,500 USD only the 3090 is left
+    within_2000 = mlp_estimate.fastest_to_buy_within(2000)
+    buyable = [r for r in mlp_estimate.fitting if r.owning is not None and r.owning.purchase_usd <= 2000]
+    assert within_2000 is min(buyable, key=lambda r: r.time_to_train_s)
+    assert mlp_estimate.fastest_to_buy_within(1500).id == "rtx-3090"
+    assert mlp_estimate.fastest_to_buy_within(10) is None
+
+
+def test_goals_are_summary_lines(capsys) -> None:
+    code, out, err = run_cli(capsys, "estimate", "mlp", "--gpu", "rtx-3090", "--gpu", "t4", "--budget-usd", "5",
+                             "--deadline-hours", "1", "--max-price-usd", "1000")
+    assert code == 0, err
+    assert "Fastest within 5.00 USD: " in out and "Cheapest done within 1.0 h: " in out
+    assert "Fastest card within 1,000 USD: no card the model fits on costs that little" in out

@@ -465,6 +465,7 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "spot": (True, "spot", True),
     "budget": ("100", "budget_usd", 100.0),
     "deadline": ("24", "deadline_hours", 24.0),
+    "max_price": ("2000", "max_price_usd", 2000.0),
 }
 
 

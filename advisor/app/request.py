@@ -68,6 +68,8 @@ class PlanRequest:
     """The fastest device within this cost is named."""
     deadline_hours: float | None = None
     """The cheapest device done within this time is named."""
+    max_price_usd: float | None = None
+    """The fastest card that costs at most this to buy is named (a purchase budget)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -79,7 +81,8 @@ class PlanRequest:
         _check_whole("samples", self.samples, MAX_JOB_SAMPLES)
         _check_whole("steps", self.steps, MAX_JOB_SAMPLES)
         for name, value, limit in (("epochs", self.epochs, MAX_EPOCHS), ("budget", self.budget_usd, MAX_USD),
-                                   ("deadline", self.deadline_hours, MAX_HOURS)):
+                                   ("deadline", self.deadline_hours, MAX_HOURS),
+                                   ("max card price", self.max_price_usd, MAX_USD)):
             _check_positive(name, value, limit)
         _check_positive("CUDA context MiB", self.cuda_context_mib, MAX_CONTEXT_MIB, zero_allowed=True)
         _check_positive("trace timeout", self.trace_timeout_s, MAX_TRACE_TIMEOUT_S, zero_allowed=True)

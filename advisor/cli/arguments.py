@@ -19,8 +19,10 @@ from advisor.limits import (
     MAX_BATCH_SIZE,
     MAX_CONTEXT_MIB,
     MAX_EPOCHS,
+    MAX_HOURS,
     MAX_JOB_SAMPLES,
     MAX_TRACE_TIMEOUT_S,
+    MAX_USD,
 )
 from advisor.profile.choices import DEFAULT_OPTIMIZER, FILE_OPTIMIZER, OPTIMIZER_CHOICES, PRECISIONS
 from advisor.profile.model_file import DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLE, builtin_examples
@@ -170,6 +172,13 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
                      help="optimizer steps instead of samples x epochs")
     parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
     parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
+    goals = parser.add_argument_group("goals (each adds the device that meets it best)")
+    goals.add_argument("--budget-usd", type=bounded_float(MAX_USD), metavar="USD",
+                       help="the fastest device whose rented job costs at most this")
+    goals.add_argument("--deadline-hours", type=bounded_float(MAX_HOURS), metavar="H",
+                       help="the cheapest device to rent that finishes the job within this")
+    goals.add_argument("--max-price-usd", type=bounded_float(MAX_USD), metavar="USD",
+                       help="the fastest card to buy that costs at most this")
 
 
 def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
@@ -184,6 +193,7 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         epochs=getattr(args, "epochs", None), steps=getattr(args, "steps", None),
         provider=getattr(args, "provider", None), spot=getattr(args, "spot", False),
         budget_usd=getattr(args, "budget_usd", None), deadline_hours=getattr(args, "deadline_hours", None),
+        max_price_usd=getattr(args, "max_price_usd", None),
     )
 
 

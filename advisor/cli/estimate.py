@@ -11,6 +11,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from advisor.app.plan import plan
+from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, progress, request_from_arguments
 from advisor.present.format import count, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     if output_format == "json":
         print(json.dumps(estimate.to_dict(args.top_ops), indent=2))
     else:
-        print(render_estimate(estimate, args.sort, output_width(), output_format))
+        print(render_estimate(estimate, args.sort, output_width(), output_format, request_from_arguments(args)))
     if not estimate.fitting:
         raise UserError(fits_nowhere(estimate))
     return 0
@@ -134,14 +135,14 @@ def device_rows(estimate: Estimate, sort: str = "time") -> list[list[str]]:
 
 
 def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | None = None,
-                    output_format: str = "table") -> str:
+                    output_format: str = "table", request: PlanRequest | None = None) -> str:
     """The estimate as the terminal table with its header and summary lines fitted to `max_width`
     (None: every column, lines unwrapped), as CSV (the table alone) or as Markdown."""
     assert output_format in ("table", "csv", "markdown"), output_format
     rows, table_columns = device_rows(estimate, sort), columns(estimate.settings.spot)
     if output_format == "csv":
         return render_csv(table_columns, rows)
-    header, footer = _header(estimate), _footer(estimate)
+    header, footer = _header(estimate), _footer(estimate, request)
     if output_format == "markdown":
         return "\n\n".join([*header, render_markdown(table_columns, rows),
                              "\n".join(f"- {line}" for line in footer)])
@@ -177,10 +178,33 @@ def _header(estimate: Estimate) -> list[str]:
     ]
 
 
-def _footer(estimate: Estimate) -> list[str]:
+def _footer(estimate: Estimate, request: PlanRequest | None) -> list[str]:
     trace = estimate.trace
     notes = (coverage_of(trace).warning(), trace.values_note())
-    return _summary(estimate) + [note for note in notes if note]
+    goals = [] if request is None else goal_lines(estimate, request)
+    return _summary(estimate) + goals + [note for note in notes if note]
+
+
+def goal_lines(estimate: Estimate, request: PlanRequest) -> list[str]:
+    """One line per goal the request sets: budget, deadline, a card's purchase price."""
+    spot = estimate.settings.spot
+    lines = []
+    if request.budget_usd is not None:
+        best = estimate.fastest_within_budget(request.budget_usd)
+        lines.append(f"Fastest within {money(request.budget_usd)} USD: " + (
+            f"{best.id}, {plan_duration(best.time_to_train_s)} for {money(best.job_cost_usd(spot))} USD"
+            if best else "no rentable device trains the job within the budget"))
+    if request.deadline_s is not None:
+        best = estimate.cheapest_within_deadline(request.deadline_s)
+        lines.append(f"Cheapest done within {plan_duration(request.deadline_s)}: " + (
+            f"{best.id}, {money(best.job_cost_usd(spot))} USD in {plan_duration(best.time_to_train_s)}"
+            if best else "no rentable device finishes the job by then"))
+    if request.max_price_usd is not None:
+        best = estimate.fastest_to_buy_within(request.max_price_usd)
+        lines.append(f"Fastest card within {money(request.max_price_usd)} USD: " + (
+            f"{best.id}, {money(best.owning.purchase_usd)} USD for {best.throughput:,.1f} "
+            f"{estimate.model.sample_unit}/s" if best and best.owning else "no card the model fits on costs that little"))
+    return lines
 
 
 def _calibration_line(estimate: Estimate) -> str:

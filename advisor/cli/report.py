@@ -6,11 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from advisor.cli.arguments import add_estimate_arguments, bounded_float, examples, request_from_arguments
+from advisor.cli.arguments import add_estimate_arguments, examples, request_from_arguments
 from advisor.cli.estimate import estimate_from_arguments, fits_nowhere
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
-from advisor.limits import MAX_HOURS, MAX_USD
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -29,10 +28,6 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
                         help="plan.html (one self-contained file) or plan.md (charts in PATH-stem_charts/)")
     add_estimate_arguments(parser)
-    parser.add_argument("--budget-usd", type=bounded_float(MAX_USD), metavar="USD",
-                        help="also recommend the fastest device whose job costs at most this")
-    parser.add_argument("--deadline-hours", type=bounded_float(MAX_HOURS), metavar="H",
-                        help="also recommend the cheapest device that finishes the job within this")
     parser.set_defaults(run=run)
 
 
@@ -43,7 +38,7 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     report_format(args.output)  # a bad file name is an error before seconds of tracing
     estimate = estimate_from_arguments(args, db)
     request = request_from_arguments(args)
-    report = build_report(estimate, db, request.budget_usd, request.deadline_s)
+    report = build_report(estimate, db, request.budget_usd, request.deadline_s, max_price_usd=request.max_price_usd)
     written = write_report(report, args.output)
     print(f"advisor: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     print(args.output)

@@ -184,6 +184,12 @@ class Estimate:
         """The purchasable device the model fits on with the lowest price per sample/s of throughput."""
         return next(iter(self.by_value()), None)
 
+    def fastest_to_buy_within(self, max_price_usd: float) -> DeviceEstimate | None:
+        """The fastest device the model fits on whose card costs at most `max_price_usd` to buy (a
+        purchase budget: the best value may be a slower, cheaper card than the budget allows)."""
+        affordable = [r for r in self.by_value() if r.owning is not None and r.owning.purchase_usd <= max_price_usd]
+        return min(affordable, key=lambda r: (r.time_to_train_s, r.id), default=None)
+
     def fastest_within_budget(self, budget_usd: float) -> DeviceEstimate | None:
         """The fastest rentable device whose job costs at most `budget_usd` (spot with settings.spot)."""
         spot = self.settings.spot

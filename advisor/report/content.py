@@ -96,9 +96,10 @@ class Report:
 
 
 def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = None, deadline_s: float | None = None,
-                 accuracy_file: Path | None = None, now: dt.datetime | None = None) -> Report:
-    """The report for `estimate` (made with `db`, whose sources the offers cite); `budget_usd` and
-    `deadline_s` add the best choice under them."""
+                 accuracy_file: Path | None = None, now: dt.datetime | None = None,
+                 max_price_usd: float | None = None) -> Report:
+    """The report for `estimate` (made with `db`, whose sources the offers cite); `budget_usd`,
+    `deadline_s` and `max_price_usd` (a card's purchase budget) add the best choice under them."""
     offers = tuple(_offers(estimate))
     model, trace, settings = estimate.model, estimate.trace, estimate.settings
     memory = settings.memory
@@ -116,7 +117,7 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
                               f"(batch {memory.traced_batch}; 2 FLOPs per multiply-add)"),
         ),
         settings_lines=_settings_lines(estimate),
-        recommendations=tuple(recommendations(estimate, budget_usd, deadline_s)),
+        recommendations=tuple(recommendations(estimate, budget_usd, deadline_s, max_price_usd)),
         lead_device=lead.id,
         memory_parts=_memory_parts(lead),
         time_bounds=_time_bounds(lead),
@@ -130,7 +131,8 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
     )
 
 
-def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: float | None) -> list[Recommendation]:
+def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: float | None,
+                    max_price_usd: float | None = None) -> list[Recommendation]:
     """Fastest, cheapest to rent, best value to buy, and the best under the budget or deadline given,
     each with its reason in one line; the devices are the estimator's own ranking."""
     spot = estimate.settings.spot
@@ -149,7 +151,8 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         assert offer is not None
         found.append(Recommendation(f"Cheapest to rent ({kind})", best.id,
                                     f"{money(best.job_cost_usd(spot))} USD for the job on {offer.provider} "
-                                    f"{offer.instance} at {offer.usd_per_hour:.2f} USD/GPU-hour, "
+                                    f"{offer.instance} at {(offer.spot_usd_per_hour if spot else offer.usd_per_hour):.2f} "
+                                    f"USD/GPU-hour ({kind}), "
                                     f"{plan_duration(best.time_to_train_s)}"))
     value = estimate.best_value_to_buy()
     if value is not None and value.owning is not None:
@@ -165,6 +168,13 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         found.append(Recommendation(title, best.id, f"{plan_duration(best.time_to_train_s)} for "
                                     f"{money(best.job_cost_usd(spot))} USD ({kind})") if best is not None
                      else Recommendation(title, "no device", "no rentable device trains the job within the budget"))
+    if max_price_usd is not None:
+        best = estimate.fastest_to_buy_within(max_price_usd)
+        title = f"Fastest card within {money(max_price_usd)} USD"
+        found.append(Recommendation(title, best.id, f"{money(best.owning.purchase_usd)} USD for "
+                                    f"{best.throughput:,.1f} {unit}/s, trains in {plan_duration(best.time_to_train_s)}")
+                     if best is not None and best.owning is not None
+                     else Recommendation(title, "no device", "no card the model fits on costs that little"))
     if deadline_s is not None:
         best = estimate.cheapest_within_deadline(deadline_s)
         title = f"Cheapest within {plan_duration(deadline_s)}"

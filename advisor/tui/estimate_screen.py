@@ -127,6 +127,8 @@ class EstimateScreen(Screen):
                 yield Input(_text(request.steps), placeholder="none", type="integer", id="steps")
                 yield Label("Budget (USD)")
                 yield Input(_text(request.budget_usd), placeholder="none", type="number", id="budget")
+                yield Label("Max card price (USD)")
+                yield Input(_text(request.max_price_usd), placeholder="none", type="number", id="max_price")
                 yield Label("Deadline (hours)")
                 yield Input(_text(request.deadline_hours), placeholder="none", type="number", id="deadline")
                 yield Label("Provider")
@@ -208,6 +210,7 @@ class EstimateScreen(Screen):
             spot=self.query_one("#spot", Switch).value,
             budget_usd=parse_number(value("budget"), float, "budget"),
             deadline_hours=parse_number(value("deadline"), float, "deadline"),
+            max_price_usd=parse_number(value("max_price"), float, "max card price"),
         )
 
     @on(Input.Submitted)
@@ -341,6 +344,9 @@ class EstimateScreen(Screen):
         if request.deadline_s is not None:
             best = estimate.cheapest_within_deadline(request.deadline_s)
             text.append(f" · by {plan_duration(request.deadline_s)}: {best.id if best else 'no device'}")
+        if request.max_price_usd is not None:
+            best = estimate.fastest_to_buy_within(request.max_price_usd)
+            text.append(f" · to buy within {money(request.max_price_usd)} USD: {best.id if best else 'no card'}")
         if not estimate.fitting:
             text.append("\nthe model fits on no device: smaller batch, amp-bf16 or checkpointing", style="bold red")
         self._status(text)

@@ -29,7 +29,7 @@ def export(estimate: Estimate, db: HardwareDB, request: PlanRequest, path: Path)
         check_folder(path)
         write_atomically(path, json.dumps(estimate.to_dict(), indent=2) + "\n")
         return [path]
-    report = build_report(estimate, db, request.budget_usd, request.deadline_s)
+    report = build_report(estimate, db, request.budget_usd, request.deadline_s, max_price_usd=request.max_price_usd)
     return write_report(report, path)
 
 
