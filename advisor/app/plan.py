@@ -28,7 +28,7 @@ def request_model(request: PlanRequest) -> ModelFile:
     micro-batch is checked as the request alone could not."""
     model = load_model_file(request.model)
     if request.micro_batch is not None and request.batch_size is None:
-        request._check_micro_batch(model.default_batch_size)
+        request.check_micro_batch(model.default_batch_size)
     return model
 
 

@@ -89,9 +89,10 @@ class PlanRequest:
         if self.steps is not None and (self.samples is not None or self.epochs is not None):
             raise UserError("give either --steps or --samples/--epochs, not both")
         if self.micro_batch is not None and self.batch_size is not None:
-            self._check_micro_batch(self.batch_size)
+            self.check_micro_batch(self.batch_size)
 
-    def _check_micro_batch(self, batch_size: int) -> None:
+    def check_micro_batch(self, batch_size: int) -> None:
+        """A UserError when the micro-batch is larger than `batch_size` or does not divide it."""
         from advisor.memory.plan import uneven_micro_batches
 
         assert self.micro_batch is not None
