@@ -115,3 +115,18 @@ def test_every_help_shows_examples_that_parse(command: str, capsys: pytest.Captu
     for line in commands:  # each example is a valid command line (what it runs is tested elsewhere)
         argv = shlex.split(line.split(" > ")[0])[1:]
         build_parser().parse_args(argv)
+
+
+def test_colour_only_on_request_of_the_terminal(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2^20 MNIST images: 19.5 GiB on an H100 (fits: the fastest, green), t4's 16 GiB does not (red)
+    argv = ("estimate", "mlp", "--gpu", "t4", "--gpu", "h100-sxm", "--batch-size", "1048576")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    code, out, _ = run(capsys, *argv)
+    lines = out.splitlines()
+    assert any(line.startswith("\x1b[32m") and "h100-sxm" in line for line in lines)
+    assert any(line.startswith("\x1b[31m") and "t4" in line for line in lines)
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.setenv("NO_COLOR", "1")
+    code, out, _ = run(capsys, *argv)
+    assert "\x1b[" not in out  # NO_COLOR, and a pipe (capsys) never gets colour either

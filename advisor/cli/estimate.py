@@ -146,7 +146,10 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
     if output_format == "markdown":
         return "\n\n".join([*header, render_markdown(table_columns, rows),
                              "\n".join(f"- {line}" for line in footer)])
-    return "\n".join([*(_wrap(line, max_width) for line in header), "", render_table(table_columns, rows, max_width), "",
+    styles = ["red" if not r.fits else "green" if rank == 1 else None
+              for rank, r in enumerate(sort_results(estimate, sort), 1)]
+    table = render_table(table_columns, rows, max_width, styles)
+    return "\n".join([*(_wrap(line, max_width) for line in header), "", table, "",
                       *(_wrap(line, max_width) for line in footer)])
 
 

@@ -26,6 +26,25 @@ class Column:
 
 SEPARATOR = "  "
 
+STYLES = {"bold": "\x1b[1m", "dim": "\x1b[2m", "red": "\x1b[31m", "green": "\x1b[32m"}
+"""ANSI styles a table line may have."""
+RESET = "\x1b[0m"
+
+
+def colour_enabled() -> bool:
+    """Colour on a terminal only: never when piped, with NO_COLOR set (no-color.org) or TERM=dumb;
+    FORCE_COLOR forces it."""
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return sys.stdout.isatty()
+
+
+def styled(text: str, style: str | None, colour: bool) -> str:
+    """`text` in `style` (a key of STYLES) when `colour`, else as it is."""
+    return f"{STYLES[style]}{text}{RESET}" if colour and style else text
+
 
 def output_width() -> int | None:
     """The width to fit: $COLUMNS when set (also when piped, as `COLUMNS=80 advisor ... | less`), else
@@ -59,10 +78,15 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[Sequence[str]],
     return [columns[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
-def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], max_width: int | None = None) -> str:
+def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], max_width: int | None = None,
+                 styles: Sequence[str | None] | None = None, colour: bool | None = None) -> str:
     """Rows of cell strings under a header and a rule, each column padded to its widest cell; with
-    `max_width`, the columns that give way first are left out until the table fits."""
+    `max_width`, the columns that give way first are left out until the table fits. With colour (by
+    default on a terminal, colour_enabled) the header is bold and each row in its `styles` entry."""
     assert all(len(row) == len(columns) for row in rows), "every row needs one cell per column"
+    assert styles is None or len(styles) == len(rows), "one style (or None) per row"
+    colour = colour_enabled() if colour is None else colour
+    row_styles = list(styles or [None] * len(rows))
     columns, rows = fit_columns(columns, rows, max_width)
     widths = _widths(columns, rows)
 
@@ -74,7 +98,8 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], max_w
         return SEPARATOR.join(padded).rstrip()
 
     rule = SEPARATOR.join("-" * width for width in widths)
-    return "\n".join([line([c.header for c in columns]), rule, *(line(row) for row in rows)])
+    return "\n".join([styled(line([c.header for c in columns]), "bold", colour), rule,
+                      *(styled(line(row), style, colour) for row, style in zip(rows, row_styles))])
 
 
 def render_csv(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
