@@ -114,3 +114,14 @@ def test_traces_are_shared_by_requests_that_differ_only_after_the_trace() -> Non
     base = PlanRequest(model="mlp", batch_size=8)
     assert not base.traces_differ(PlanRequest(model="mlp", batch_size=8, gpus=("h100-sxm",), spot=True, steps=5))
     assert base.traces_differ(PlanRequest(model="mlp", batch_size=16))
+
+
+def test_every_package_is_installed() -> None:
+    # pyproject.toml lists packages by name (the data folders are mapped in): a new one must be listed,
+    # or `pip install .` leaves it out and every command fails to import
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(("advisor", *init.parent.relative_to(PACKAGE).parts)).rstrip(".")
+             for init in PACKAGE.rglob("__init__.py") if "__pycache__" not in init.parts}
+    assert found - listed == set()
