@@ -4,6 +4,8 @@ writes the files or fails in one sentence. A headless-Chromium screenshot runs w
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as dt
 import html
 import re
@@ -85,7 +87,9 @@ def test_html_is_self_contained_with_every_chart_and_no_missing_values(report) -
     assert not MISSING.findall(text), MISSING.findall(text)[:5]
     for device in GPUS:
         assert device in text
-    assert "Price sources" in text and "Accuracy" in text and "median error" in text
+    assert "Price sources" in text and "Accuracy" in text and "typically within" in text
+    # a document for a manager: no repository paths or commands
+    assert not re.search(r"benchmarks/|\.\./shared|\.py\b|--part|`", text), re.findall(r".{30}benchmarks/.{30}", text)
 
 
 def test_markdown_has_the_same_content_and_its_charts_beside_it(report, tmp_path: Path) -> None:
@@ -163,3 +167,26 @@ def test_html_renders_in_headless_chromium(report, tmp_path: Path) -> None:
                    check=True, capture_output=True, timeout=120)
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 50_000  # a blank page is a few KB
+
+
+def test_a_chart_that_would_be_empty_is_a_sentence(estimate_and_db) -> None:
+    # only the rtx-3060 (12 GiB, the model needs 13.5): nothing fits, so nothing is rented or bought
+    from advisor.report.charts import all_charts
+
+    estimate, db = estimate_and_db
+    nothing_fits = dataclasses.replace(estimate, results=tuple(r for r in estimate.results if not r.fits))
+    charts = all_charts(nothing_fits)
+    sentences = [c for c in charts if isinstance(c, str)]
+    assert len(sentences) == 2 and sentences[0].startswith("Time to train against cost: no device")
+    assert sentences[1].startswith("Buying against renting: no card")
+    report = build_report(nothing_fits, db, now=FIXED_TIME)
+    assert [c.name for c in report.charts] == ["memory"] and report.omitted_charts == tuple(sentences)
+
+
+def test_the_time_axis_reads_in_planning_units(estimate_and_db) -> None:
+    from advisor.report.charts import NICE_HOURS, _hours_label, _ticks
+
+    # 16.6 d and 20.1 d (llama on b200 and h200-sxm): no nice value between, so 14 d and 30 d frame them
+    ticks, low, high = _ticks(NICE_HOURS, 398 / 1.4, 482 * 1.4)
+    assert [_hours_label(t) for t in ticks] == ["7 d", "14 d", "30 d"] and low < 24 * 7 and high > 24 * 30
+    assert [_hours_label(h) for h in (1 / 6, 0.5, 1, 2, 48)] == ["10 min", "30 min", "1 h", "2 h", "2 d"]

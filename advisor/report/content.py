@@ -84,6 +84,8 @@ class Report:
     top_ops: tuple[tuple[str, ...], ...]
     """(op, phase, calls, time, share, bound) per row, formatted."""
     charts: tuple[Chart, ...]
+    omitted_charts: tuple[str, ...]
+    """One sentence for each chart left out because it would be empty."""
     devices: tuple[DeviceRow, ...]
     offers: tuple[OfferRow, ...]
     sources: tuple[Source, ...]
@@ -105,6 +107,7 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
     memory = settings.memory
     lead = (estimate.by_time() or list(estimate.results))[0]
     created = (now or dt.datetime.now(dt.timezone.utc)).replace(microsecond=0)
+    charts = all_charts(estimate)
     return Report(
         title=f"Training plan for {model.name}",
         created=created.isoformat(),
@@ -122,7 +125,8 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
         memory_parts=_memory_parts(lead),
         time_bounds=_time_bounds(lead),
         top_ops=_top_ops(lead),
-        charts=tuple(all_charts(estimate)),
+        charts=tuple(c for c in charts if isinstance(c, Chart)),
+        omitted_charts=tuple(c for c in charts if isinstance(c, str)),
         devices=tuple(_device_row(i, r, settings.spot) for i, r in enumerate(_table_order(estimate), 1)),
         offers=offers,
         sources=tuple(db.source(key) for key in sorted({o.source for o in offers})),
@@ -234,8 +238,9 @@ def _device_row(rank: int, result: DeviceEstimate, spot: bool) -> DeviceRow:
         short = f"{result.memory.missing_bytes / units.GIB:.1f} GiB short"
         return DeviceRow("-", result.id, result.target.name, memory, max_batch, "does not fit", short, "-", "-", "-",
                          "-", "-", buy, result.target.calibration, False)
-    offer = result.cheapest(spot)
-    cloud = result.no_offer_reason() if offer is None else f"{offer.provider} {offer.instance}"
+    offer = result.cheapest(spot)  # the instance's name is in the cloud offers table
+    rate = None if offer is None else (offer.spot_usd_per_hour if spot else offer.usd_per_hour)
+    cloud = result.no_offer_reason() if offer is None else f"{offer.provider} {rate:.2f}/h"
     return DeviceRow(str(rank), result.id, result.target.name, memory, max_batch, duration(result.step_time_s),
                      f"{result.throughput:,.1f}", plan_duration(result.time_to_train_s), result.step.bound, cloud,
                      money(result.job_cost_usd()), money(result.spot_saving_cost_usd()), buy,
@@ -264,8 +269,9 @@ def _assumptions(estimate: Estimate) -> list[str]:
         f"in {memory.precision} with {memory.optimizer}; every op is timed on every device from its peaks and "
         "calibrated efficiency curves (compute-, memory- or overhead-bound).",
         f"The job is {settings.job.describe(memory.batch_size, estimate.model.sample_unit)}.",
-        "Cloud cost is GPU-hours x price per GPU-hour of one GPU (on a multi-GPU instance, its share); "
-        "buying is the card's price plus electricity at its board power "
+        "Cloud cost is the job's hours on the cheapest one-GPU instance (instances with more GPUs are listed "
+        "at what renting them costs, not used for a one-GPU job); buying is the card's price plus electricity "
+        "at its board power "
         f"({estimate.electricity_usd_per_kwh:.2f} USD/kWh).",
     ]
     if defaults:
@@ -284,11 +290,17 @@ def accuracy_lines(path: Path | None = None) -> list[str]:
         return [f"No accuracy figures found ({path.name} is missing)."]
     document = yaml.safe_load(path.read_text())
     lines = []
-    for key in ("cpu", "published"):
-        part = document.get(key)
-        if part:
-            lines.append(f"{part['what']}: median error {percent(part['median_abs_error'])} over {part['rows']} "
-                         f"rows (mean {percent(part['mean_abs_error'])}); a bare roofline at 75% of peak: "
-                         f"{percent(part['bare_roofline_median_abs_error'])}.")
-    lines.append(f"Measured {document['date']} with torch {document['torch']} (`{document['command']}`).")
+    published, cpu = document.get("published"), document.get("cpu")
+    if published:
+        lines.append(f"Against {published['rows']} published training runs on single GPUs (vendors' and labs' "
+                     f"benchmark pages), the predicted training speed was typically within "
+                     f"{percent(published['median_abs_error'], 0)} of what was measured: half of the runs were "
+                     f"closer, half further (average {percent(published['mean_abs_error'], 0)}). A simple estimate "
+                     f"from the GPU's peak figures alone is off by {percent(published['bare_roofline_median_abs_error'], 0)} "
+                     "typically.")
+    if cpu:
+        lines.append(f"On a computer's own processor, measured and then predicted, step times were typically within "
+                     f"{percent(cpu['median_abs_error'], 0)} ({cpu['rows']} training steps).")
+    lines.append(f"Treat the times and costs above as estimates with that margin; GPUs without a measurement of "
+                 f"their own (see the assumptions) may be further off. Checked on {document['date']}.")
     return lines
