@@ -125,3 +125,14 @@ def test_every_package_is_installed() -> None:
     found = {".".join(("advisor", *init.parent.relative_to(PACKAGE).parts)).rstrip(".")
              for init in PACKAGE.rglob("__init__.py") if "__pycache__" not in init.parts}
     assert found - listed == set()
+
+
+def test_one_precision_value_answers_every_question() -> None:
+    from advisor.memory.estimate import parameter_formula_bytes
+    from advisor.profile.choices import PRECISIONS, precision_of
+
+    assert PRECISIONS == ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
+    assert [p for p in PRECISIONS if precision_of(p).grad_scaler] == ["amp-fp16"]
+    assert [p for p in PRECISIONS if precision_of(p).cast] == ["bf16", "fp16"]
+    # Adam, per parameter: fp32 4 + 4 + 2 x 4 = 16 B; amp adds a 2-byte copy: 18 B; pure bf16 2 + 2 + 2 x 2 = 8 B
+    assert [parameter_formula_bytes(1, p, "adamw") for p in ("fp32", "amp-bf16", "bf16")] == [16, 18, 8]

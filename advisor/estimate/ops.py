@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from advisor.profile.choices import precision_of
 from advisor.profile.costs import ConvGeometry
 from advisor.profile.trace import OpRecord
 
@@ -110,7 +111,6 @@ class OpClass:
     """A compute op that runs on vector units (no tensor-core tiles): timed at the fp32 peak."""
 
 
-AUTOCAST_DTYPES = {"amp-fp16": "fp16", "amp-bf16": "bf16"}
 
 BATCH_NORMS = frozenset({"native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
                          "cudnn_batch_norm", "cudnn_batch_norm_backward", "batch_norm_backward"})
@@ -131,9 +131,11 @@ def math_dtype(record: OpRecord, precision: str, cuda: bool = False) -> str:
     for name, dtype in MATH_DTYPES.items():
         if name in record.dtypes:
             return dtype
-    if cuda and precision in AUTOCAST_DTYPES:
-        return AUTOCAST_DTYPES[precision]
-    if precision == "tf32" or (cuda and precision == "fp32" and record.op in ALL_CONVOLUTIONS):
+    meaning = precision_of(precision)
+    if cuda and meaning.autocast:
+        return meaning.autocast
+    strict_fp32 = not (meaning.autocast or meaning.cast or meaning.tf32)
+    if meaning.tf32 or (cuda and strict_fp32 and record.op in ALL_CONVOLUTIONS):
         return "tf32"
     return "fp32"
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from advisor.hardware.specs import MemoryOverhead
 from advisor.memory.allocator import MIN_BLOCK, replay
+from advisor.profile.choices import precision_of
 from advisor.profile.live_memory import CATEGORIES
 from advisor.profile.trace import StepTrace
 
@@ -185,7 +186,6 @@ def parameter_formula_bytes(params: int, precision: str, optimizer: str) -> int:
     fp32: 4 + 4 + state; amp: + a 2-byte low-precision copy; pure bf16/fp16: 2 + 2 + state at 2.
     State per parameter: Adam(W) 2 values (fused or not), momentum 1, SGD and Adafactor (factored) ~0."""
     state_values = {"adam": 2, "adamw": 2, "momentum": 1}.get(optimizer.removesuffix("-fused"), 0)
-    if precision in ("bf16", "fp16"):
-        return params * (2 + 2 + 2 * state_values)
-    copy = 2 if precision.startswith("amp") else 0
-    return params * (4 + 4 + copy + 4 * state_values)
+    meaning = precision_of(precision)
+    stored = meaning.weight_bytes  # weights, gradients and each state value in the stored dtype
+    return params * (stored * (2 + state_values) + meaning.low_precision_copy_bytes)

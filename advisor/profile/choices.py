@@ -6,7 +6,54 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What one --precision means, read in one place (issue #23: it was interpreted in five)."""
+
+    name: str
+    cast: str | None = None
+    """Pure low precision: the whole model and its inputs are cast to this dtype ("bf16", "fp16")."""
+    autocast: str | None = None
+    """Automatic mixed precision: matmuls, convolutions and attention run in this dtype under autocast,
+    weights stay fp32 ("bf16", "fp16")."""
+    tf32: bool = False
+    """fp32 matmuls run on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)."""
+
+    @property
+    def grad_scaler(self) -> bool:
+        """fp16 autocast scales the loss (torch.amp.GradScaler): bf16 has fp32's exponent range."""
+        return self.autocast == "fp16"
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one stored weight (and gradient)."""
+        return 2 if self.cast else 4
+
+    @property
+    def low_precision_copy_bytes(self) -> int:
+        """Bytes per weight of autocast's low-precision copy (0 without autocast)."""
+        return 2 if self.autocast else 0
+
+
+PRECISION_TABLE = (
+    Precision("fp32"),
+    Precision("tf32", tf32=True),
+    Precision("amp-fp16", autocast="fp16"),
+    Precision("amp-bf16", autocast="bf16"),
+    Precision("bf16", cast="bf16"),
+    Precision("fp16", cast="fp16"),
+)
+PRECISION_BY_NAME = {p.name: p for p in PRECISION_TABLE}
+PRECISIONS = tuple(PRECISION_BY_NAME)
+"""The --precision choices: fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast), bf16/fp16 (pure)."""
+
+
+def precision_of(name: str) -> Precision:
+    """The Precision called `name` (a name from PRECISIONS; callers check user input first)."""
+    return PRECISION_BY_NAME[name]
 
 ADAFACTOR_SINCE = (2, 5)
 """torch.optim.Adafactor exists from torch 2.5."""

@@ -36,7 +36,7 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
-from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISIONS
+from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISION_TABLE, PRECISIONS, precision_of
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
@@ -70,7 +70,9 @@ their fake kernels do not check it (`nn.Linear` on an int64 input would trace)."
 SCALAR_ITEM = "_local_scalar_dense"
 """The aten op behind `.item()`."""
 
-PURE_LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""Low-precision dtype names of choices.Precision -> torch dtypes."""
+PURE_LOW_PRECISION = {p.name: TORCH_DTYPES[p.cast] for p in PRECISION_TABLE if p.cast}
 """Precisions that cast the whole model and its inputs, precision -> dtype."""
 
 
@@ -606,7 +608,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
             raise UserError(f"{source or 'the model'} has no trainable parameters")
         checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
         opt = _optimizer(setup, params)
-        scaler = _GradScalerOps() if setup.precision == "amp-fp16" else None
+        scaler = _GradScalerOps() if precision_of(setup.precision).grad_scaler else None
         tracker = _StepModuleTracker()
         recorder = _Recorder(tracker, memory, fake_mode if values == "fake+real-inputs" else None, setup.watch,
                              memory_limit)
@@ -723,7 +725,8 @@ def _checked_model(model: object, source: str | None) -> torch.nn.Module:
 
 def _forward(model: torch.nn.Module, inputs: Any, setup: _Setup) -> torch.Tensor:
     """The model's forward and the loss, under autocast for the amp precisions."""
-    autocast_dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(setup.precision)
+    autocast = precision_of(setup.precision).autocast
+    autocast_dtype = None if autocast is None else TORCH_DTYPES[autocast]
     batch_size, source = setup.batch_size, setup.source
     with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
         with user_code(f"the model's forward on example_input({batch_size})", source, DATA_DEPENDENT_ERRORS):
