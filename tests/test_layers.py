@@ -136,3 +136,32 @@ def test_one_precision_value_answers_every_question() -> None:
     assert [p for p in PRECISIONS if precision_of(p).cast] == ["bf16", "fp16"]
     # Adam, per parameter: fp32 4 + 4 + 2 x 4 = 16 B; amp adds a 2-byte copy: 18 B; pure bf16 2 + 2 + 2 x 2 = 8 B
     assert [parameter_formula_bytes(1, p, "adamw") for p in ("fp32", "amp-bf16", "bf16")] == [16, 18, 8]
+
+
+def torch_assignments(text: str) -> list[str]:
+    """Attributes of torch the module `text` assigns (`torch.x.y = ...`, `setattr(torch..., ...)`)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+            targets = [node.args[0]]
+        for target in targets:
+            root = target
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id == "torch" and target is not root:
+                found.append(ast.unparse(target))
+            elif isinstance(root, ast.Name) and root.id == "torch" and isinstance(node, ast.Call):
+                found.append(f"setattr({ast.unparse(target)}, ...)")
+    return found
+
+
+def test_torch_is_patched_in_one_module_only() -> None:
+    patched = {relative: torch_assignments(text) for relative, text in package_modules().items()}
+    # calibration/runner.py sets torch.backends' public TF32 switches around a TF32 measurement and
+    # restores them: a setting torch offers, not a replaced function
+    assert {relative for relative, found in patched.items() if found} <= {"profile/torch_patches.py",
+                                                                          "calibration/runner.py"}
+    assert all(name.startswith("torch.backends.") for name in patched["calibration/runner.py"])
+    assert torch_assignments("import torch\ntorch.utils.swap_tensors = f\n") == ["torch.utils.swap_tensors"]

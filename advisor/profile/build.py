@@ -24,6 +24,8 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin
 from torch.overrides import TorchFunctionMode
 
+from advisor.profile.torch_patches import registration_hooks
+
 LARGE_FACTORY_ELEMENTS = 1 << 24
 """A tensor factory call (`torch.zeros`, `randn`, ...) of at least this many elements (64 MiB of fp32)
 is made on the meta device even outside a parameter: a constructor's own computations are small."""
@@ -77,30 +79,19 @@ def _to_meta_parameter(param: torch.nn.Parameter) -> torch.nn.Parameter:
 def weights_on_meta() -> Iterator[None]:
     """Every parameter and buffer registered meanwhile moves to the meta device as it is registered;
     large factory calls are made there too (see the module docstring)."""
-    register_parameter = torch.nn.Module.register_parameter
-    register_buffer = torch.nn.Module.register_buffer
+    def parameter_to_meta(module: torch.nn.Module, name: str) -> None:
+        module._parameters[name] = _to_meta_parameter(module._parameters[name])
 
-    def register_meta_parameter(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
-        register_parameter(module, name, param)
-        if param is not None:
-            module._parameters[name] = _to_meta_parameter(module._parameters[name])
-
-    def register_meta_buffer(module: torch.nn.Module, name: str, tensor: torch.Tensor | None,
-                             persistent: bool = True) -> None:
-        register_buffer(module, name, tensor, persistent=persistent)
-        if tensor is not None and isinstance(tensor, UninitializedTensorMixin):
+    def buffer_to_meta(module: torch.nn.Module, name: str) -> None:
+        tensor = module._buffers[name]
+        assert tensor is not None
+        if isinstance(tensor, UninitializedTensorMixin):
             module._buffers[name] = type(tensor)(requires_grad=False, device="meta", dtype=tensor.dtype)
-        elif tensor is not None:
-            module._buffers[name] = module._buffers[name].to("meta")
+        else:
+            module._buffers[name] = tensor.to("meta")
 
-    torch.nn.Module.register_parameter = register_meta_parameter  # type: ignore[method-assign]
-    torch.nn.Module.register_buffer = register_meta_buffer  # type: ignore[method-assign]
-    try:
-        with _LargeFactoriesOnMeta():
-            yield
-    finally:
-        torch.nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
-        torch.nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
+    with registration_hooks(parameter_to_meta, buffer_to_meta), _LargeFactoriesOnMeta():
+        yield
 
 
 def fake_twins(model: torch.nn.Module, device: str = "cpu") -> None:

@@ -45,6 +45,7 @@ from advisor.profile.finite import FiniteActivations
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
+from advisor.profile.torch_patches import fake_tensor_conversions
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
 from advisor.profile.watch import TraceWatch
 
@@ -428,29 +429,6 @@ def call_model(model: torch.nn.Module, inputs: Any) -> Any:
 
 
 @contextmanager
-def module_conversions_on_fake_tensors() -> Iterator[None]:
-    """Let a model file convert its model (`.half()`, `.to(torch.bfloat16)`,
-    `.to(memory_format=torch.channels_last)`) on fake tensors. `Module._apply` swaps every fake
-    parameter with its converted twin (torch.utils.swap_tensors), which fails on the weak reference
-    fake mode keeps to each fake tensor; for fake tensors this sets the parameter's data instead,
-    what `_apply` does for real ones. The parameter object, its requires_grad and its place in the
-    module stay as they were."""
-    swap = torch.utils.swap_tensors
-
-    def swap_or_set_data(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
-            t1.data = t2.detach()
-        else:
-            swap(t1, t2)
-
-    torch.utils.swap_tensors = swap_or_set_data
-    try:
-        yield
-    finally:
-        torch.utils.swap_tensors = swap
-
-
-@contextmanager
 def fake_tensor_log_silenced() -> Iterator[None]:
     """Fake tensors log every kernel that fails at ERROR level before raising it (torch >= 2.14);
     we report those errors ourselves, as one sentence, so the log stays quiet meanwhile."""
@@ -656,7 +634,7 @@ def _build_on_fake(setup: _Setup) -> torch.nn.Module:
     uninitialised parameters). The build on meta weights then runs it on real tensors, and reports
     the user's error if there is one."""
     try:
-        with user_code("build_model()", setup.source, DATA_DEPENDENT_ERRORS), module_conversions_on_fake_tensors():
+        with user_code("build_model()", setup.source, DATA_DEPENDENT_ERRORS), fake_tensor_conversions():
             model = setup.build_model()
     except (*DATA_DEPENDENT_ERRORS, UserCodeError) as exc:
         raise _ConstructorNeedsValues from exc

@@ -1,0 +1,80 @@
+"""Every piece of torch gpu-advisor replaces while it traces, in one place (issue #23).
+
+The tracer runs users' models on fake tensors and on the meta device; two torch functions do not
+allow that and are replaced, only for the duration of a `with` block, through `replaced` (the one way
+this package assigns an attribute of torch; tests/test_layers.py checks no other module does):
+
+| patch | replaced | why | checked on torch |
+|---|---|---|---|
+| `fake_tensor_conversions` | `torch.utils.swap_tensors` | `Module._apply` (`.half()`, `.to(...)`) swaps each parameter with its converted twin, which fails on the weak reference fake mode keeps to every fake tensor: for fake tensors the parameter's data is set instead, what `_apply` does for real ones | 2.13, 2.15 |
+| `registration_hooks` | `torch.nn.Module.register_parameter`, `register_buffer` | build.weights_on_meta moves each parameter and buffer to the meta device as it is registered (accelerate's `init_empty_weights` does the same) | 2.13, 2.15 |
+
+Private torch modules the tracer imports (torch.utils._python_dispatch, torch._subclasses.fake_tensor,
+torch.utils._pytree) are used as torch's own FlopCounterMode uses them, not patched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+CHECKED_ON = ("2.13", "2.15")
+"""torch versions the patches were checked on (CI runs the suite on both)."""
+
+
+@contextmanager
+def replaced(owner: Any, name: str, replacement: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """`owner.name` is `replacement` within the block (which gets the original), restored after it."""
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield original
+    finally:
+        setattr(owner, name, original)
+
+
+@contextmanager
+def fake_tensor_conversions() -> Iterator[None]:
+    """Let a model file convert its model (`.half()`, `.to(torch.bfloat16)`,
+    `.to(memory_format=torch.channels_last)`) on fake tensors: swapping two fake tensors sets the
+    first's data to the second instead. The parameter object, its requires_grad and its place in the
+    module stay as they were; real tensors are swapped as torch swaps them."""
+    swap = torch.utils.swap_tensors
+
+    def swap_or_set_data(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
+            t1.data = t2.detach()
+        else:
+            swap(t1, t2)
+
+    with replaced(torch.utils, "swap_tensors", swap_or_set_data):
+        yield
+
+
+@contextmanager
+def registration_hooks(after_parameter: Callable[[torch.nn.Module, str], None],
+                       after_buffer: Callable[[torch.nn.Module, str], None]) -> Iterator[None]:
+    """Within the block, `after_parameter(module, name)` runs after every `register_parameter` of a
+    parameter (not None) and `after_buffer(module, name)` after every `register_buffer` of a tensor."""
+    register_parameter = torch.nn.Module.register_parameter
+    register_buffer = torch.nn.Module.register_buffer
+
+    def parameter_then_hook(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register_parameter(module, name, param)
+        if param is not None:
+            after_parameter(module, name)
+
+    def buffer_then_hook(module: torch.nn.Module, name: str, tensor: torch.Tensor | None,
+                         persistent: bool = True) -> None:
+        register_buffer(module, name, tensor, persistent=persistent)
+        if tensor is not None:
+            after_buffer(module, name)
+
+    with ExitStack() as stack:
+        stack.enter_context(replaced(torch.nn.Module, "register_parameter", parameter_then_hook))
+        stack.enter_context(replaced(torch.nn.Module, "register_buffer", buffer_then_hook))
+        yield
