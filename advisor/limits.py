@@ -24,3 +24,9 @@ MAX_CONTEXT_MIB = 2**20
 
 MAX_TRACE_TIMEOUT_S = 7 * 24 * 3600.0
 """A week: a longer trace timeout is a typo (0 means no limit)."""
+
+MAX_SEQ_LEN = 2**24
+"""Longest sequence (tokens per sample): 16 M, past every context window trained today."""
+
+MAX_JOB_TOKENS = 10**15
+"""Largest job in tokens (the largest training sets are about 10^14)."""

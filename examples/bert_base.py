@@ -110,8 +110,13 @@ def build_model(config: BertConfig = CONFIG) -> nn.Module:
     return BertForQuestionAnswering(config)
 
 
-def example_input(batch_size: int, config: BertConfig = CONFIG) -> dict[str, torch.Tensor]:
-    shape = (batch_size, config.seq_len)
+SEQ_LEN = CONFIG.seq_len
+"""Tokens per training sequence (the contract's SEQ_LEN; --seq-len up to the 512 positions)."""
+
+
+def example_input(batch_size: int, seq_len: int | None = None,
+                  config: BertConfig = CONFIG) -> dict[str, torch.Tensor]:
+    shape = (batch_size, seq_len or config.seq_len)
     return {
         "input_ids": torch.randint(0, config.vocab_size, shape),
         "token_type_ids": torch.zeros(shape, dtype=torch.long),

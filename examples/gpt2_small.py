@@ -84,8 +84,12 @@ def build_model(config: GPTConfig = CONFIG) -> nn.Module:
     return GPT(config)
 
 
-def example_input(batch_size: int, config: GPTConfig = CONFIG) -> torch.Tensor:
-    return torch.randint(0, config.vocab_size, (batch_size, config.seq_len))
+SEQ_LEN = CONFIG.seq_len
+"""Tokens per training sequence (the contract's SEQ_LEN; --seq-len up to the 1,024 positions)."""
+
+
+def example_input(batch_size: int, seq_len: int | None = None, config: GPTConfig = CONFIG) -> torch.Tensor:
+    return torch.randint(0, config.vocab_size, (batch_size, seq_len or config.seq_len))
 
 
 def loss_fn(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -137,8 +137,12 @@ def build_model(config: LlamaConfig = CONFIG) -> nn.Module:
     return Llama(config)
 
 
-def example_input(batch_size: int, config: LlamaConfig = CONFIG) -> torch.Tensor:
-    return torch.randint(0, config.vocab_size, (batch_size, config.seq_len))
+SEQ_LEN = CONFIG.seq_len
+"""Tokens per training sequence (the contract's SEQ_LEN; --seq-len changes it)."""
+
+
+def example_input(batch_size: int, seq_len: int | None = None, config: LlamaConfig = CONFIG) -> torch.Tensor:
+    return torch.randint(0, config.vocab_size, (batch_size, seq_len or config.seq_len))
 
 
 def loss_fn(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,7 @@ def small(name: str) -> tuple[ModelFile, Callable[[], torch.nn.Module], Callable
     if configs is None:
         return example, example.build_model, example.example_input
     config = configs["tiny"]
-    return example, (lambda: example.build_model(config)), (lambda b: example.example_input(b, config))
+    return example, (lambda: example.build_model(config)), (lambda b: example.example_input(b, config=config))
 
 
 def flop_counter_by_op(build: Callable[[], torch.nn.Module], example_input: Callable[[int], Any], batch: int,

@@ -461,6 +461,8 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "samples": (None, "samples", None),  # steps instead (they exclude each other); samples: other tests
     "epochs": (None, "epochs", None),
     "steps": ("500", "steps", 500),
+    "tokens": (None, "tokens", None),  # excludes steps; tokens: tests/test_tokens.py
+    "seq_len": ("128", "seq_len", 128),
     "provider": ("lambda", "provider", "lambda"),
     "spot": (True, "spot", True),
     "budget": ("100", "budget_usd", 100.0),

@@ -15,6 +15,8 @@ from advisor.limits import (
     MAX_EPOCHS,
     MAX_HOURS,
     MAX_JOB_SAMPLES,
+    MAX_JOB_TOKENS,
+    MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
 )
@@ -60,6 +62,10 @@ class PlanRequest:
     """Passes over the samples (None: 1)."""
     steps: int | None = None
     """Optimizer steps instead of samples x epochs."""
+    tokens: int | None = None
+    """The job in tokens (sequences of seq_len tokens) instead of samples or steps."""
+    seq_len: int | None = None
+    """Tokens per sample; None: the model file's SEQ_LEN (its example_input must take seq_len)."""
     provider: str | None = None
     """Only this provider's cloud offers."""
     spot: bool = False
@@ -80,6 +86,8 @@ class PlanRequest:
             _check_whole(name, value, MAX_BATCH_SIZE)
         _check_whole("samples", self.samples, MAX_JOB_SAMPLES)
         _check_whole("steps", self.steps, MAX_JOB_SAMPLES)
+        _check_whole("tokens", self.tokens, MAX_JOB_TOKENS)
+        _check_whole("sequence length", self.seq_len, MAX_SEQ_LEN)
         for name, value, limit in (("epochs", self.epochs, MAX_EPOCHS), ("budget", self.budget_usd, MAX_USD),
                                    ("deadline", self.deadline_hours, MAX_HOURS),
                                    ("max card price", self.max_price_usd, MAX_USD)):
@@ -88,6 +96,8 @@ class PlanRequest:
         _check_positive("trace timeout", self.trace_timeout_s, MAX_TRACE_TIMEOUT_S, zero_allowed=True)
         if self.steps is not None and (self.samples is not None or self.epochs is not None):
             raise UserError("give either --steps or --samples/--epochs, not both")
+        if self.tokens is not None and (self.steps is not None or self.samples is not None):
+            raise UserError("give one of --tokens, --samples or --steps for the job, not several")
         if self.micro_batch is not None and self.batch_size is not None:
             self.check_micro_batch(self.batch_size)
 
@@ -121,12 +131,22 @@ class PlanRequest:
 
         if self.steps is not None:
             return Job(steps=self.steps)
-        return Job.over_samples(self.samples, self.epochs or 1.0, model.train_samples)
+        tokens, origin = self.tokens, "--tokens"
+        if tokens is None and self.samples is None and model.train_tokens is not None:
+            tokens, origin = model.train_tokens, "the model file's TRAIN_TOKENS"
+        if tokens is None:
+            return Job.over_samples(self.samples, self.epochs or 1.0, model.train_samples)
+        if model.seq_len is None:
+            raise UserError(f"a job in tokens needs the sequence length: {model.source} has no SEQ_LEN; "
+                            "give --seq-len")
+        sequences = -(-tokens // model.seq_len)
+        return Job(samples=sequences, epochs=self.epochs or 1.0,
+                   origin=f"{origin}: {tokens:,} tokens in sequences of {model.seq_len:,}")
 
     def settings(self, model: ModelFile) -> EstimateSettings:
         from advisor.estimate.plan import EstimateSettings
 
-        return EstimateSettings(self.memory_settings(model), self.job(model), self.spot)
+        return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len)
 
     def traces_differ(self, other: PlanRequest) -> bool:
         """Whether `other`'s step traces differently (TRACE_FIELDS differ): else its traces can be reused."""
@@ -136,7 +156,7 @@ class PlanRequest:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
 
-TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch")
+TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch", "seq_len")
 """The request's fields a traced step depends on; the others (devices, prices, job, budget) only
 change what is done with it."""
 

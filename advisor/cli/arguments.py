@@ -21,6 +21,8 @@ from advisor.limits import (
     MAX_EPOCHS,
     MAX_HOURS,
     MAX_JOB_SAMPLES,
+    MAX_JOB_TOKENS,
+    MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
 )
@@ -138,6 +140,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES,
                         help=f"'{FILE_OPTIMIZER}': what the model file's optimizer(params) builds; default: that "
                              f"when the file defines one, else {DEFAULT_OPTIMIZER}")
+    parser.add_argument("--seq-len", type=bounded_int(MAX_SEQ_LEN), metavar="L",
+                        help="tokens per sample of a sequence model (default: the file's SEQ_LEN; its "
+                             "example_input must take seq_len)")
     parser.add_argument("--trace-timeout", type=bounded_float(MAX_TRACE_TIMEOUT_S, allow_zero=True),
                         default=DEFAULT_TRACE_TIMEOUT_S, metavar="SECONDS",
                         help=f"stop tracing a step that takes longer (default {DEFAULT_TRACE_TIMEOUT_S:g}; 0: no limit)")
@@ -170,6 +175,9 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--epochs", type=bounded_float(MAX_EPOCHS), metavar="E", help="passes over the samples (default 1)")
     job.add_argument("--steps", type=bounded_int(MAX_JOB_SAMPLES), metavar="N",
                      help="optimizer steps instead of samples x epochs")
+    job.add_argument("--tokens", type=bounded_int(MAX_JOB_TOKENS), metavar="N",
+                     help="tokens to train on, in sequences of the sequence length (default: the file's "
+                          "TRAIN_TOKENS when it has one)")
     parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
     parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
     goals = parser.add_argument_group("goals (each adds the device that meets it best)")
@@ -191,6 +199,7 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         cuda_context_mib=context, trace_timeout_s=args.trace_timeout, gpus=tuple(unique(getattr(args, "gpu", []))),
         local=getattr(args, "local", False), samples=getattr(args, "samples", None),
         epochs=getattr(args, "epochs", None), steps=getattr(args, "steps", None),
+        tokens=getattr(args, "tokens", None), seq_len=getattr(args, "seq_len", None),
         provider=getattr(args, "provider", None), spot=getattr(args, "spot", False),
         budget_usd=getattr(args, "budget_usd", None), deadline_hours=getattr(args, "deadline_hours", None),
         max_price_usd=getattr(args, "max_price_usd", None),

@@ -87,12 +87,13 @@ def fits_nowhere(estimate: Estimate) -> str:
     return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results])
 
 
-def columns(spot: bool) -> list[Column]:
+def columns(spot: bool, tokens: bool = False) -> list[Column]:
     """The device table's columns; with `spot` the job is priced at spot rates and the other price
-    column is on demand."""
+    column is on demand; with `tokens` (a sequence model) throughput is in tokens/s."""
     return [
         Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
-        Column("Step", True, drop_order=7), Column("Samples/s", True, drop_order=4), Column("Train", True),
+        Column("Step", True, drop_order=7), Column("Tokens/s" if tokens else "Samples/s", True, drop_order=4),
+        Column("Train", True),
         Column("Bound", drop_order=6), Column("Cheapest cloud", drop_order=8), Column("Job $", True),
         Column("On-demand $" if spot else "Spot $", True, drop_order=3), Column("Buy $", True, drop_order=5),
         Column("Calib", drop_order=1),
@@ -122,7 +123,8 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
         where = f"{offer.provider} {rate:.2f}/h" + (" spot" if spot_ranked else "")
     other = result.job_cost_usd() if spot_ranked else result.spot_saving_cost_usd()
     return [
-        str(rank), result.id, memory, max_batch, duration(result.step_time_s), f"{result.throughput:,.1f}",
+        str(rank), result.id, memory, max_batch, duration(result.step_time_s),
+        f"{result.throughput:,.1f}" if result.throughput_tokens_per_s is None else f"{result.throughput_tokens_per_s:,.0f}",
         plan_duration(result.time_to_train_s), result.step.bound, where, money(result.job_cost_usd(spot_ranked)),
         money(other), buy, calibration,
     ]
@@ -139,7 +141,8 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
     """The estimate as the terminal table with its header and summary lines fitted to `max_width`
     (None: every column, lines unwrapped), as CSV (the table alone) or as Markdown."""
     assert output_format in ("table", "csv", "markdown"), output_format
-    rows, table_columns = device_rows(estimate, sort), columns(estimate.settings.spot)
+    rows = device_rows(estimate, sort)
+    table_columns = columns(estimate.settings.spot, estimate.settings.seq_len is not None)
     if output_format == "csv":
         return render_csv(table_columns, rows)
     header, footer = _header(estimate), _footer(estimate, request)
@@ -165,6 +168,8 @@ def _header(estimate: Estimate) -> list[str]:
     memory = settings.memory
     unit = model.sample_unit
     batch = f"batch {memory.batch_size}"
+    if settings.seq_len is not None:
+        batch += f" x {settings.seq_len:,} tokens"
     if memory.accumulate_gradients:
         batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
     options = ", activation checkpointing" if memory.checkpointing else ""
@@ -234,7 +239,9 @@ def _summary(estimate: Estimate) -> list[str]:
     by_time, by_cost, pareto = estimate.by_time(), estimate.by_cost(), estimate.pareto()
     if by_time:
         best = by_time[0]
-        lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({best.step.bound}-bound)")
+        speed = "" if best.throughput_tokens_per_s is None else f"{best.throughput_tokens_per_s:,.0f} tokens/s, "
+        mfu = "" if best.mfu is None else f", {best.mfu:.0%} MFU"
+        lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({speed}{best.step.bound}-bound{mfu})")
         share = best.step.layout_s / best.step.step_s if best.step.step_s else 0.0
         if share >= LAYOUT_TIP_SHARE:
             lines.append(f"Tip: on {best.id}, {share:.0%} of each step is cuDNN transposing NCHW tensors to NHWC "

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
 
     with user_output_to_stderr():
         model = load_model_file(args.model)
+        if args.seq_len is not None:
+            model = model.with_seq_len(args.seq_len)
         progress(f"tracing a training step of {model.source} on fake tensors"
                  + ("" if args.no_fvcore else ", then fvcore's forward profile"))
         profile = profile_model(model, args.batch_size, args.precision, model.resolve_optimizer(args.optimizer),

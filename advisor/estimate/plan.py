@@ -14,6 +14,8 @@ from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
 from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
+from advisor.estimate.ops import DTYPE_FALLBACK
+from advisor.profile.choices import precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace
@@ -36,10 +38,30 @@ class DeviceEstimate:
     steps: int
     cloud: tuple[CloudCost, ...]
     owning: Ownership | None
+    step_flops: float = 0.0
+    """FLOPs of one optimizer step (every micro-batch's forward and backward, and the optimizer)."""
+    peak_flops: float | None = None
+    """The device's peak FLOP/s in the precision's math dtype (None: unknown)."""
+    tokens_per_sample: int | None = None
+    """The sequence length of a sequence model (None: not one)."""
 
     @property
     def id(self) -> str:
         return self.target.id
+
+    @property
+    def throughput_tokens_per_s(self) -> float | None:
+        """Tokens per second (samples/s x the sequence length), None for a model without one."""
+        return None if self.tokens_per_sample is None else self.throughput * self.tokens_per_sample
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation: the traced step's FLOPs per second over the device's peak in the
+        precision's math dtype (the step's every counted FLOP, attention included, as PaLM's MFU counts
+        the model's; recomputation under checkpointing counts too)."""
+        if not self.peak_flops:
+            return None
+        return self.step_flops / self.step.step_s / self.peak_flops
 
     @property
     def fits(self) -> bool:
@@ -102,6 +124,8 @@ class DeviceEstimate:
             "max_batch_size": self.memory.max_batch_size,
             "step_time_s": self.step_time_s if fits else None,
             "throughput_samples_per_s": self.throughput if fits else None,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s if fits else None,
+            "mfu": self.mfu if fits else None,
             "steps": self.steps,
             "time_to_train_s": self.time_to_train_s if fits else None,
             "bound": self.step.bound if fits else None,
@@ -127,10 +151,16 @@ class EstimateSettings:
     job: Job
     spot: bool = False
     """Rank cost by spot prices instead of on-demand."""
+    seq_len: int | None = None
+    """Tokens per sample of a sequence model (the file's SEQ_LEN or --seq-len); None: not one."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
+        tokens = None if self.seq_len is None or job.samples is None or job.epochs is None else \
+            round(job.samples * job.epochs * self.seq_len)
         return {
+            "seq_len": self.seq_len,
+            "tokens": tokens,
             "batch_size": self.memory.batch_size,
             "precision": self.memory.precision,
             "optimizer": self.memory.optimizer,
@@ -214,6 +244,8 @@ class Estimate:
                 "train_step_flops": trace.flops(),
                 "train_step_bytes": trace.bytes_moved(),
                 "sample_unit": self.model.sample_unit,
+                "seq_len": self.settings.seq_len,
+                "tokens_per_sample": self.settings.seq_len,
             },
             "settings": self.settings.to_dict(),
             "electricity_usd_per_kwh": self.electricity_usd_per_kwh,
@@ -261,7 +293,19 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
         job_sized = [c.usd_per_hour for c in costs if c.gpus_per_instance == JOB_GPUS]
         cheapest = min(job_sized, default=None)
         owning = ownership(gpu, hours, db.defaults.electricity_usd_per_kwh, cheapest)
-    return DeviceEstimate(target, memory, step, batch, steps, costs, owning)
+    micro = trace.flops() - trace.flops("optimizer")
+    step_flops = micro * settings.memory.accumulation_steps + trace.flops("optimizer")
+    return DeviceEstimate(target, memory, step, batch, steps, costs, owning, step_flops,
+                          peak_flops(target, settings.memory.precision), settings.seq_len)
+
+
+def peak_flops(target: EstimateTarget, precision: str) -> float | None:
+    """The device's peak FLOP/s in the math dtype of `precision` (choices.Precision): autocast's or the
+    cast dtype on tensor cores, TF32 with tf32, else fp32; None where the profile has no such peak."""
+    meaning = precision_of(precision)
+    dtype = meaning.autocast or meaning.cast or ("tf32" if meaning.tf32 else "fp32")
+    flops = target.device.profile.peaks.flops
+    return flops.get(dtype) or flops.get(DTYPE_FALLBACK.get(dtype, "fp32"))
 
 
 def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,

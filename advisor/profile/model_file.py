@@ -7,10 +7,14 @@
     BATCH_SIZE = 32                             # optional (an extension): the usual training batch
     TRAIN_SAMPLES = 1_281_167                   # optional (an extension): samples in one epoch
     def optimizer(params) -> torch.optim.Optimizer  # optional: the optimizer the training script builds
+    SEQ_LEN = 2048                              # optional: tokens per sample (sequence models)
+    def example_input(batch_size, seq_len=None) # may accept seq_len: --seq-len passes it
+    TRAIN_TOKENS = 10_000_000                   # optional: the default job in tokens
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import inspect
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import UserError, closest_matches, shorten
-from advisor.limits import MAX_BATCH_SIZE, MAX_JOB_SAMPLES
+from advisor.limits import MAX_BATCH_SIZE, MAX_JOB_SAMPLES, MAX_JOB_TOKENS, MAX_SEQ_LEN
 from advisor.paths import shipped_dir
 from advisor.profile.choices import DEFAULT_OPTIMIZER, FILE_OPTIMIZER
 from advisor.profile.user_code import user_code
@@ -61,6 +65,23 @@ class ModelFile:
     optimizer: Callable[[list[Any]], Any] | None = None
     """The file's optional optimizer(params): builds the training script's optimizer over the trainable
     parameters (choices.FILE_OPTIMIZER)."""
+    seq_len: int | None = None
+    """Tokens per sample: the file's SEQ_LEN, or --seq-len once applied (with_seq_len); None: not a
+    sequence model, or one that does not say."""
+    accepts_seq_len: bool = False
+    """example_input takes a `seq_len` keyword (the contract's extension for --seq-len)."""
+    train_tokens: int | None = None
+    """The file's optional TRAIN_TOKENS: the default job in tokens."""
+
+    def with_seq_len(self, seq_len: int) -> ModelFile:
+        """This model file with every example input `seq_len` tokens long (--seq-len); a UserError
+        when its example_input does not take a seq_len."""
+        if not self.accepts_seq_len:
+            raise UserError(f"--seq-len: {self.source}'s example_input does not take a seq_len; define it as "
+                            "example_input(batch_size, seq_len=None) and make inputs of that length")
+        example_input = self.example_input
+        return dataclasses.replace(self, seq_len=seq_len,
+                                   example_input=lambda batch_size: example_input(batch_size, seq_len=seq_len))
 
     def resolve_optimizer(self, requested: str | None) -> str:
         """The optimizer to trace: `requested` (--optimizer), else the file's own when it defines one,
@@ -211,9 +232,25 @@ def load_model_file(spec: str | None) -> ModelFile:
             raise UserError(f"{source}: optimizer must be a function optimizer(params) that returns a "
                             "torch.optim.Optimizer")
         _check_accepts(optimizer, 1, "optimizer", source)
+    seq_len = getattr(module, "SEQ_LEN", None)
+    if seq_len is not None and not _whole_number_in(seq_len, MAX_SEQ_LEN):
+        raise UserError(f"{source}: SEQ_LEN must be a whole number from 1 to {MAX_SEQ_LEN:,}, got {_short_repr(seq_len)}")
+    train_tokens = getattr(module, "TRAIN_TOKENS", None)
+    if train_tokens is not None and not _whole_number_in(train_tokens, MAX_JOB_TOKENS):
+        raise UserError(f"{source}: TRAIN_TOKENS must be a whole number from 1 to {MAX_JOB_TOKENS:.0e}, "
+                        f"got {_short_repr(train_tokens)}")
     train_samples = getattr(module, "TRAIN_SAMPLES", None)
     if train_samples is not None and not _whole_number_in(train_samples, MAX_JOB_SAMPLES):
         raise UserError(f"{source}: TRAIN_SAMPLES must be a whole number from 1 to {MAX_JOB_SAMPLES:.0e}, "
                         f"got {_short_repr(train_samples)}")
     return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size,
-                     train_samples, optimizer)
+                     train_samples, optimizer, seq_len, _takes_seq_len(example_input), train_tokens)
+
+
+def _takes_seq_len(example_input: Callable[..., Any]) -> bool:
+    """Whether example_input accepts a `seq_len` keyword (or any keyword)."""
+    try:
+        parameters = inspect.signature(example_input).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return any(p.name == "seq_len" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -125,6 +125,10 @@ class EstimateScreen(Screen):
                 yield Input(_text(request.epochs), placeholder="1", type="number", id="epochs")
                 yield Label("Steps (not epochs)")
                 yield Input(_text(request.steps), placeholder="none", type="integer", id="steps")
+                yield Label("Tokens (the job)")
+                yield Input(_text(request.tokens), placeholder="file's TRAIN_TOKENS", type="integer", id="tokens")
+                yield Label("Sequence length")
+                yield Input(_text(request.seq_len), placeholder="file's SEQ_LEN", type="integer", id="seq_len")
                 yield Label("Budget (USD)")
                 yield Input(_text(request.budget_usd), placeholder="none", type="number", id="budget")
                 yield Label("Max card price (USD)")
@@ -206,6 +210,8 @@ class EstimateScreen(Screen):
             samples=parse_number(value("samples"), int, "samples"),
             epochs=parse_number(value("epochs"), float, "epochs"),
             steps=parse_number(value("steps"), int, "steps"),
+            tokens=parse_number(value("tokens"), int, "tokens"),
+            seq_len=parse_number(value("seq_len"), int, "sequence length"),
             provider=chosen("provider"),
             spot=self.query_one("#spot", Switch).value,
             budget_usd=parse_number(value("budget"), float, "budget"),
