@@ -135,8 +135,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=bounded_int(MAX_BATCH_SIZE), metavar="N",
                         help=f"samples per step (default: the file's BATCH_SIZE, else {DEFAULT_BATCH_SIZE})")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast, fp32 master weights), "
-                             "bf16/fp16 (pure low precision); default fp32")
+                        help="fp32 (strict), tf32 (fp32 matmuls on TF32 tensor cores), amp-fp16/amp-bf16 "
+                             "(autocast: the math in 16 bits, fp32 master weights, gradients and optimizer state, "
+                             "plus a 16-bit copy of the weights: more memory than fp32), bf16/fp16 (pure: "
+                             "weights, gradients and Adam's state in 16 bits, half of fp32's); default fp32")
     parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES,
                         help=f"'{FILE_OPTIMIZER}': what the model file's optimizer(params) builds; default: that "
                              f"when the file defines one, else {DEFAULT_OPTIMIZER}")
