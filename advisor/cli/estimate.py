@@ -108,7 +108,7 @@ and job cost stay (80 columns keep the cheapest offer too)."""
 
 def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[str]:
     memory = f"{gib(result.memory.peak_bytes)}/{gib(result.memory.capacity_bytes)}"
-    max_batch = "-" if result.memory.max_batch_size is None else str(result.memory.max_batch_size)
+    max_batch = "-" if result.memory.max_batch_size is None else f"{result.memory.max_batch_size:,}"
     gpu = result.target.gpu
     buy = money(gpu.purchase_usd) if gpu is not None else "-"
     calibration = result.target.calibration
