@@ -52,12 +52,11 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
     parser.set_defaults(run=run)
 
 
-def estimate_from_arguments(args: argparse.Namespace, db: HardwareDB) -> Estimate:
-    """The arguments as a request (checked), then advisor.app's plan (the part `estimate` and `report`
-    share). The model file's output goes to stderr meanwhile: stdout carries our data alone."""
+def estimate_for(request: PlanRequest, db: HardwareDB) -> Estimate:
+    """advisor.app's plan of the command line's request (the part `estimate` and `report` share). The
+    model file's output goes to stderr meanwhile: stdout carries our data alone."""
     from advisor.cli.calibrate import ProgressBar
 
-    request = request_from_arguments(args)
     bar = ProgressBar("calibrating this machine") if request.local and sys.stderr.isatty() else None
     try:
         with user_output_to_stderr():
@@ -71,12 +70,13 @@ def estimate_from_arguments(args: argparse.Namespace, db: HardwareDB) -> Estimat
 def run(args: argparse.Namespace, db: HardwareDB) -> int:
     if args.top_ops < 0:
         raise UserError(f"--top-ops must be 0 or more, got {args.top_ops}")
-    estimate = estimate_from_arguments(args, db)
+    request = request_from_arguments(args)
+    estimate = estimate_for(request, db)
     output_format = "json" if args.json else args.format
     if output_format == "json":
         print(json.dumps(estimate.to_dict(args.top_ops), indent=2))
     else:
-        print(render_estimate(estimate, args.sort, output_width(), output_format, request_from_arguments(args)))
+        print(render_estimate(estimate, args.sort, output_width(), output_format, request))
     if not estimate.fitting:
         raise UserError(fits_nowhere(estimate))
     return 0
@@ -89,7 +89,10 @@ def fits_nowhere(estimate: Estimate) -> str:
 
 def columns(spot: bool, tokens: bool = False) -> list[Column]:
     """The device table's columns; with `spot` the job is priced at spot rates and the other price
-    column is on demand; with `tokens` (a sequence model) throughput is in tokens/s."""
+    column is on demand; with `tokens` (a sequence model) throughput is in tokens/s. In a narrow
+    terminal the calibration, max batch, spot cost, throughput, purchase price, bound, step time and
+    cheapest offer give way in that order; rank, device, memory, time-to-train and job cost stay (80
+    columns keep the cheapest offer too)."""
     return [
         Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
         Column("Step", True, drop_order=7), Column("Tokens/s" if tokens else "Samples/s", True, drop_order=4),
@@ -98,12 +101,6 @@ def columns(spot: bool, tokens: bool = False) -> list[Column]:
         Column("On-demand $" if spot else "Spot $", True, drop_order=3), Column("Buy $", True, drop_order=5),
         Column("Calib", drop_order=1),
     ]
-
-
-COLUMNS = columns(spot=False)
-"""The device table. In a narrow terminal the calibration, max batch, spot cost, throughput, purchase
-price, bound, step time and cheapest offer give way in that order; rank, device, memory, time-to-train
-and job cost stay (80 columns keep the cheapest offer too)."""
 
 
 def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[str]:
@@ -130,10 +127,6 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     ]
 
 
-def device_rows(estimate: Estimate, sort: str = "time") -> list[list[str]]:
-    """The table's cells, devices in the `sort` order (present.ranking)."""
-    return [_row(rank if result.fits else None, result, estimate.settings.spot)
-            for rank, result in enumerate(sort_results(estimate, sort), 1)]
 
 
 def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | None = None,
@@ -141,7 +134,9 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
     """The estimate as the terminal table with its header and summary lines fitted to `max_width`
     (None: every column, lines unwrapped), as CSV (the table alone) or as Markdown."""
     assert output_format in ("table", "csv", "markdown"), output_format
-    rows = device_rows(estimate, sort)
+    ordered = sort_results(estimate, sort)
+    rows = [_row(rank if result.fits else None, result, estimate.settings.spot)
+            for rank, result in enumerate(ordered, 1)]
     table_columns = columns(estimate.settings.spot, estimate.settings.seq_len is not None)
     if output_format == "csv":
         return render_csv(table_columns, rows)
@@ -149,8 +144,7 @@ def render_estimate(estimate: Estimate, sort: str = "time", max_width: int | Non
     if output_format == "markdown":
         return "\n\n".join([*header, render_markdown(table_columns, rows),
                              "\n".join(f"- {line}" for line in footer)])
-    styles = ["red" if not r.fits else "green" if rank == 1 else None
-              for rank, r in enumerate(sort_results(estimate, sort), 1)]
+    styles = ["red" if not r.fits else "green" if rank == 1 else None for rank, r in enumerate(ordered, 1)]
     table = render_table(table_columns, rows, max_width, styles)
     return "\n".join([*(_wrap(line, max_width) for line in header), "", table, "",
                       *(_wrap(line, max_width) for line in footer)])

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from advisor.cli.arguments import add_estimate_arguments, examples, request_from_arguments
-from advisor.cli.estimate import estimate_from_arguments, fits_nowhere
+from advisor.cli.estimate import estimate_for, fits_nowhere
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     from advisor.report.render import report_format, write_report
 
     report_format(args.output)  # a bad file name is an error before seconds of tracing
-    estimate = estimate_from_arguments(args, db)
     request = request_from_arguments(args)
+    estimate = estimate_for(request, db)
     report = build_report(estimate, db, request.budget_usd, request.deadline_s, max_price_usd=request.max_price_usd)
     written = write_report(report, args.output)
     print(f"advisor: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
