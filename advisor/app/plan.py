@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from advisor.app.request import PlanRequest
-from advisor.hardware.specs import HardwareDB
+from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.profile.model_file import ModelFile, load_model_file
 
 if TYPE_CHECKING:  # torch: only once a model is traced
@@ -32,6 +32,12 @@ def request_model(request: PlanRequest) -> ModelFile:
     return model if request.seq_len is None else model.with_seq_len(request.seq_len)
 
 
+def request_gpus(request: PlanRequest, db: HardwareDB) -> list[GPUSpec]:
+    """The request's GPUs, each once (a UserError with the closest ids for an unknown one); every GPU
+    of the database when it names none."""
+    return [db.gpu(gpu_id) for gpu_id in dict.fromkeys(request.gpus)] or list(db.gpus)
+
+
 def targets_for(request: PlanRequest, db: HardwareDB, notify: Progress = _quiet,
                 calibration_bar: CalibrationProgress | None = None) -> list[EstimateTarget]:
     """The devices to estimate: the request's GPUs (all when none), and this machine's first with
@@ -41,8 +47,7 @@ def targets_for(request: PlanRequest, db: HardwareDB, notify: Progress = _quiet,
     from advisor.estimate.targets import database_targets, local_targets
 
     families = load_families(db)
-    gpus = [db.gpu(gpu_id) for gpu_id in dict.fromkeys(request.gpus)] or list(db.gpus)
-    targets = database_targets(db, gpus, families)
+    targets = database_targets(db, request_gpus(request, db), families)
     if request.local:
         targets = local_targets(db, families, notify, calibration_bar) + targets
     return targets
@@ -69,5 +74,4 @@ def plan_memory_only(request: PlanRequest, db: HardwareDB, progress: Progress = 
     from advisor.memory.plan import plan_memory
 
     model = request_model(request)
-    gpus = [db.gpu(gpu_id) for gpu_id in dict.fromkeys(request.gpus)] or list(db.gpus)
-    return plan_memory(model, db, gpus, request.memory_settings(model), progress=progress)
+    return plan_memory(model, db, request_gpus(request, db), request.memory_settings(model), progress=progress)

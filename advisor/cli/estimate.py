@@ -20,7 +20,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
 from advisor.profile.choices import describe_optimizer
-from advisor.profile.coverage import coverage_of
+from advisor.profile.coverage import trace_notes
 
 if TYPE_CHECKING:
     from advisor.estimate.plan import DeviceEstimate, Estimate
@@ -181,10 +181,8 @@ def _header(estimate: Estimate) -> list[str]:
 
 
 def _footer(estimate: Estimate, request: PlanRequest | None) -> list[str]:
-    trace = estimate.trace
-    notes = (coverage_of(trace).warning(), trace.values_note())
     goals = [] if request is None else goal_lines(estimate, request)
-    return _summary(estimate) + goals + [note for note in notes if note]
+    return _summary(estimate) + goals + trace_notes(estimate.trace)
 
 
 def goal_lines(estimate: Estimate, request: PlanRequest) -> list[str]:

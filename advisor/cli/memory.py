@@ -17,7 +17,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
 from advisor.profile.choices import describe_optimizer
-from advisor.profile.coverage import coverage_of
+from advisor.profile.coverage import trace_notes
 
 if TYPE_CHECKING:
     from advisor.memory.plan import MemoryPlan
@@ -78,7 +78,7 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
         _table(plan, db),
     ]
     if plan.trace is not None:
-        lines.extend(note for note in (coverage_of(plan.trace).warning(), plan.trace.values_note()) if note)
+        lines.extend(trace_notes(plan.trace))
     return "\n".join(lines)
 
 

@@ -73,6 +73,11 @@ def trace_summary(trace: StepTrace) -> dict[str, Any]:
     return {"values": trace.values, "construction": trace.construction, "note": trace.values_note()}
 
 
+def trace_notes(trace: StepTrace) -> list[str]:
+    """The lines an interface ends with: the coverage warning and the real-run note, those that apply."""
+    return [note for note in (coverage_of(trace).warning(), trace.values_note()) if note]
+
+
 def coverage_of(trace: StepTrace) -> Coverage:
     """The coverage of the trace's ops."""
     uncounted = [r for r in trace.records if not r.counted]

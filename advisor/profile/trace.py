@@ -599,7 +599,8 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
             finite = FiniteActivations()
-            with fused or nullcontext(), nullcontext() if real else finite:  # real values answer for themselves  # through backward too: checkpointed blocks run forward there
+            # through backward too (checkpointed blocks run forward there); real values answer for themselves
+            with fused or nullcontext(), nullcontext() if real else finite:
                 loss = _forward(model, inputs, setup)
                 fused_calls = 0 if fused is None else fused.calls
                 memory.start_phase("backward")
@@ -670,10 +671,7 @@ def _build_for_real(setup: _Setup, inputs: Any) -> torch.nn.Module:
     forward gives them."""
     with user_code("build_model()", setup.source):
         model = _checked_model(setup.build_model(), setup.source)
-    if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
-        with torch.no_grad(), user_code("the model's first forward (its lazy modules take their shapes)",
-                                        setup.source):
-            call_model(model, inputs)
+    _materialize_lazy_modules(model, lambda: inputs, setup.source)
     return model
 
 
@@ -686,12 +684,22 @@ def build_on_meta_weights(build_model: Callable[[], torch.nn.Module], example_in
     autograd (their uninitialised parameters are on the meta device)."""
     with user_code("build_model()", source), weights_on_meta():
         model = _checked_model(build_model(), source)
-    if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
+
+    def meta_inputs() -> Any:
         with user_code(f"example_input({batch_size})", source), torch.device("meta"):
-            inputs = example_input(batch_size)
-        with torch.no_grad(), user_code("the model's first forward (its lazy modules take their shapes)", source):
-            call_model(model, inputs)
+            return example_input(batch_size)
+
+    _materialize_lazy_modules(model, meta_inputs, source)
     return model
+
+
+def _materialize_lazy_modules(model: torch.nn.Module, inputs: Callable[[], Any], source: str | None) -> None:
+    """Lazy modules (`nn.LazyLinear`) take their parameters' shapes from one forward on `inputs()`
+    without autograd, as a training script's first forward gives them; nothing when there are none."""
+    if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
+        batch = inputs()
+        with torch.no_grad(), user_code("the model's first forward (its lazy modules take their shapes)", source):
+            call_model(model, batch)
 
 
 def _checked_model(model: object, source: str | None) -> torch.nn.Module:
