@@ -116,8 +116,7 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     if offer is None:
         where = result.no_offer_reason()
     else:
-        rate = offer.spot_usd_per_hour if spot_ranked else offer.usd_per_hour
-        where = f"{offer.provider} {rate:.2f}/h" + (" spot" if spot_ranked else "")
+        where = f"{offer.provider} {offer.rate(spot_ranked):.2f}/h" + (" spot" if spot_ranked else "")
     other = result.job_cost_usd() if spot_ranked else result.spot_saving_cost_usd()
     return [
         str(rank), result.id, memory, max_batch, duration(result.step_time_s),

@@ -87,6 +87,10 @@ class CloudCost:
     source: str
     price_date: str
 
+    def rate(self, spot: bool = False) -> float | None:
+        """USD per GPU-hour on demand, or at the spot price (None where the offer has none)."""
+        return self.spot_usd_per_hour if spot else self.usd_per_hour
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

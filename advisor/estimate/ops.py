@@ -134,8 +134,7 @@ def math_dtype(record: OpRecord, precision: str, cuda: bool = False) -> str:
     meaning = precision_of(precision)
     if cuda and meaning.autocast:
         return meaning.autocast
-    strict_fp32 = not (meaning.autocast or meaning.cast or meaning.tf32)
-    if meaning.tf32 or (cuda and strict_fp32 and record.op in ALL_CONVOLUTIONS):
+    if meaning.tf32 or (cuda and meaning.matmul_dtype == "fp32" and record.op in ALL_CONVOLUTIONS):
         return "tf32"
     return "fp32"
 

@@ -27,6 +27,11 @@ but not rented for it."""
 Progress = Callable[[str], None]
 
 
+def job_sized(costs: Sequence[CloudCost]) -> list[CloudCost]:
+    """The offers of instances with as many GPUs as the job uses (JOB_GPUS)."""
+    return [c for c in costs if c.gpus_per_instance == JOB_GPUS]
+
+
 @dataclass(frozen=True)
 class DeviceEstimate:
     """One device: memory, step time, the job's length and its cost. Seconds, bytes, USD."""
@@ -83,7 +88,7 @@ class DeviceEstimate:
     @property
     def job_sized_offers(self) -> list[CloudCost]:
         """Offers of instances with as many GPUs as the job uses (JOB_GPUS): the ones it would rent."""
-        return [c for c in self.cloud if c.gpus_per_instance == JOB_GPUS]
+        return job_sized(self.cloud)
 
     def cheapest(self, spot: bool = False) -> CloudCost | None:
         """The cheapest job-sized offer for the job, on demand or spot; None where there is none."""
@@ -290,8 +295,7 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
     owning = None
     if gpu is not None:
         costs = tuple(cloud_costs(db.offers_for(gpu.id), hours))
-        job_sized = [c.usd_per_hour for c in costs if c.gpus_per_instance == JOB_GPUS]
-        cheapest = min(job_sized, default=None)
+        cheapest = min((c.usd_per_hour for c in job_sized(costs)), default=None)
         owning = ownership(gpu, hours, db.defaults.electricity_usd_per_kwh, cheapest)
     micro = trace.flops() - trace.flops("optimizer")
     step_flops = micro * settings.memory.accumulation_steps + trace.flops("optimizer")
@@ -302,8 +306,7 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
 def peak_flops(target: EstimateTarget, precision: str) -> float | None:
     """The device's peak FLOP/s in the math dtype of `precision` (choices.Precision): autocast's or the
     cast dtype on tensor cores, TF32 with tf32, else fp32; None where the profile has no such peak."""
-    meaning = precision_of(precision)
-    dtype = meaning.autocast or meaning.cast or ("tf32" if meaning.tf32 else "fp32")
+    dtype = precision_of(precision).matmul_dtype
     flops = target.device.profile.peaks.flops
     return flops.get(dtype) or flops.get(DTYPE_FALLBACK.get(dtype, "fp32"))
 

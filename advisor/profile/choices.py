@@ -23,6 +23,11 @@ class Precision:
     """fp32 matmuls run on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)."""
 
     @property
+    def matmul_dtype(self) -> str:
+        """The dtype the step's matrix products run in: autocast's or the cast dtype, TF32, else fp32."""
+        return self.autocast or self.cast or ("tf32" if self.tf32 else "fp32")
+
+    @property
     def grad_scaler(self) -> bool:
         """fp16 autocast scales the loss (torch.amp.GradScaler): bf16 has fp32's exponent range."""
         return self.autocast == "fp16"

@@ -155,7 +155,7 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         assert offer is not None
         found.append(Recommendation(f"Cheapest to rent ({kind})", best.id,
                                     f"{money(best.job_cost_usd(spot))} USD for the job on {offer.provider} "
-                                    f"{offer.instance} at {(offer.spot_usd_per_hour if spot else offer.usd_per_hour):.2f} "
+                                    f"{offer.instance} at {offer.rate(spot):.2f} "
                                     f"USD/GPU-hour ({kind}), "
                                     f"{plan_duration(best.time_to_train_s)}"))
     value = estimate.best_value_to_buy()
@@ -239,8 +239,7 @@ def _device_row(rank: int, result: DeviceEstimate, spot: bool) -> DeviceRow:
         return DeviceRow("-", result.id, result.target.name, memory, max_batch, "does not fit", short, "-", "-", "-",
                          "-", "-", buy, result.target.calibration, False)
     offer = result.cheapest(spot)  # the instance's name is in the cloud offers table
-    rate = None if offer is None else (offer.spot_usd_per_hour if spot else offer.usd_per_hour)
-    cloud = result.no_offer_reason() if offer is None else f"{offer.provider} {rate:.2f}/h"
+    cloud = result.no_offer_reason() if offer is None else f"{offer.provider} {offer.rate(spot):.2f}/h"
     return DeviceRow(str(rank), result.id, result.target.name, memory, max_batch, duration(result.step_time_s),
                      f"{result.throughput:,.1f}", plan_duration(result.time_to_train_s), result.step.bound, cloud,
                      money(result.job_cost_usd()), money(result.spot_saving_cost_usd()), buy,
