@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from advisor.errors import UserError
 from advisor.profile.costs import op_cost
-from advisor.profile.real_run import REAL_RUN_MEMORY_SHARE, real_run_budget_bytes
+from advisor.profile.real_run import REAL_RUN_MEMORY_SHARE, gib, real_run_budget_bytes
 from advisor.profile.trace import build_on_meta_weights, call_model, fake_tensor_log_silenced
 from advisor.profile.user_code import UserCodeError, user_code
 
@@ -337,8 +337,7 @@ def forward_profile(build_model: Callable[[], torch.nn.Module], example_input: C
     if needed > budget:
         raise UserError(
             f"fvcore could not trace the model on the meta device ({reason}) and real tensors would need "
-            f"about {needed / 2**30:.1f} GiB, over 1/{REAL_RUN_MEMORY_SHARE} of the available memory "
-            f"({budget / 2**30:.1f} GiB)"
+            f"about {gib(needed)}, over 1/{REAL_RUN_MEMORY_SHARE} of the available memory ({gib(budget)})"
         )
     model, inputs = _build(build_model, example_input, batch_size, source)
     with torch.no_grad():

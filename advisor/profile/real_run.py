@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
+from advisor import units
 from advisor.errors import UserError
 from advisor.probe.cpu import available_memory_bytes
 
@@ -50,7 +51,8 @@ def real_run_budget_bytes() -> int:
 
 
 def gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
+    """Bytes as GiB with one decimal and the unit: "3.5 GiB"."""
+    return f"{nbytes / units.GIB:.1f} GiB"
 
 
 class RealRunTooLarge(UserError):
