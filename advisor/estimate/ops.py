@@ -173,7 +173,7 @@ def memory_series(op: str) -> str:
         return "random"
     if op in POOLS:
         return "pool"
-    if op.startswith("_foreach_") or op.startswith("_fused_"):
+    if op.startswith("_foreach_") or op.startswith("_fused_") or op == "adamw8bit_step_":
         return "triad"
     if op in ("add", "add_", "mul", "mul_", "sub", "sub_", "addcmul_", "addcdiv_", "lerp_", "where",
               "threshold_backward", "relu", "relu_", "hardtanh", "hardtanh_", "hardtanh_backward", "masked_fill", "masked_fill_"):

@@ -12,7 +12,8 @@ from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, can_fork
-from advisor.profile.choices import FILE_OPTIMIZER
+from advisor.profile.adapters import Adaptation
+from advisor.profile.choices import FILE_OPTIMIZER, precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace, trace_training_step
@@ -43,6 +44,8 @@ class MemorySettings:
     cuda_context_bytes: int | None = None
     trace_timeout_s: float | None = None
     """Stop a trace that takes longer (None or 0: no limit; profile/watch.py)."""
+    adaptation: Adaptation = Adaptation()
+    """LoRA adapters and the frozen base's storage (--lora, --lora-targets, --base-weights)."""
 
     def __post_init__(self) -> None:
         if self.micro_batch is not None and self.micro_batch > self.batch_size:
@@ -65,7 +68,23 @@ class MemorySettings:
         return -(-self.batch_size // self.traced_batch)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"accumulation_steps": self.accumulation_steps}
+        settings = {k: v for k, v in asdict(self).items() if k != "adaptation"}
+        return settings | {"accumulation_steps": self.accumulation_steps, "lora": self.adaptation.lora_rank,
+                           "lora_targets": list(self.adaptation.lora_targets),
+                           "base_weights": self.adaptation.base_weights}
+
+
+FROZEN_BYTES_PER_WEIGHT = {"bf16": 2.0, "int8": 1.0, "nf4": 0.5, "nf4-dq": 0.5}
+"""What the parameter-count formula counts per frozen weight (codes only, as such formulas do)."""
+
+
+def formula_bytes(trace: StepTrace, settings: MemorySettings) -> int:
+    """The parameter-count baseline of `trace` (memory/estimate.parameter_formula_bytes), the frozen base
+    counted at its storage's bytes per weight."""
+    base = settings.adaptation.base_weights
+    per_frozen = FROZEN_BYTES_PER_WEIGHT[base] if base else precision_of(settings.precision).weight_bytes
+    frozen = max(0, trace.total_params - trace.params)
+    return parameter_formula_bytes(trace.params, settings.precision, formula_optimizer(trace), int(frozen * per_frozen))
 
 
 @dataclass(frozen=True)
@@ -107,7 +126,7 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
                                checkpointing=settings.checkpointing,
                                accumulate_gradients=settings.accumulate_gradients, attention=attention,
                                timeout_s=settings.trace_timeout_s, progress=progress,
-                               build_optimizer=model.optimizer)
+                               build_optimizer=model.optimizer, adaptation=settings.adaptation)
 
 
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
@@ -168,5 +187,5 @@ def plan_memory(
     results = tuple(device_memory(step, gpu, db.memory_overhead(gpu), batch_model, settings.cuda_context_bytes)
                     for gpu in gpus)
     return MemoryPlan(model.name, trace.params, settings, step, batch_model, results,
-                      parameter_formula_bytes(trace.params, settings.precision, formula_optimizer(trace)),
+                      formula_bytes(trace, settings),
                       trace.checkpointed, trace)

@@ -74,11 +74,13 @@ def torch_version() -> tuple[int, int]:
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adam-fused", "adamw-fused") + (
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adam-fused", "adamw-fused", "adamw8bit") + (
     ("adafactor",) if torch_version() >= ADAFACTOR_SINCE else ())
 """Adafactor (torch >= 2.5) is the memory-light choice torch offers: factored second moments, no first.
 The `-fused` Adams are `fused=True` (Hugging Face Trainer's and torchtitan's usual choice): one kernel
-per parameter list, without the foreach form's full-size temporaries."""
+per parameter list, without the foreach form's full-size temporaries. `adamw8bit` is bitsandbytes'
+AdamW8bit (Trainer's `adamw_bnb_8bit`): both moments in blockwise 8-bit codes, 2 bytes per parameter
+instead of 8 (profile/quantized.py)."""
 
 FILE_OPTIMIZER = "file"
 """The optimizer the model file's `optimizer(params)` builds (PRODUCT.md's contract): the default when the

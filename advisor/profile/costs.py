@@ -477,9 +477,29 @@ def fused_adam_flops(args: tuple, named: dict, out: Any) -> float:
     return float(ADAM_FLOPS_PER_ELEMENT * sum(t.numel() for t in args[0]))
 
 
-WRITTEN_LISTS = {aten._fused_adam_: (0, 2, 3, 4), aten._fused_adamw_: (0, 2, 3, 4)}
-"""In-place multi-tensor ops that update several of their list arguments (by position): the fused
-Adams write the parameters, both moments and, with amsgrad, the maximum of the second."""
+ADAMW8BIT_FLOPS_PER_ELEMENT = 24
+"""Arithmetic of bitsandbytes' fused 8-bit AdamW per element: decode both moments (lookup, scale), update
+them, bias corrections, the update and decay, re-encode both (absmax and a binary search over the 256-entry
+code map, counted as its 8 compares): an estimate; the kernel is memory-bound."""
+
+
+@register("advisor::adamw8bit_step_")
+def adamw8bit_flops(args: tuple, named: dict, out: Any) -> float:
+    """quantized.py's 8-bit AdamW update of one parameter."""
+    return float(ADAMW8BIT_FLOPS_PER_ELEMENT * args[0].numel())
+
+
+@register("advisor::dequantize_blockwise")
+def dequantize_flops(args: tuple, named: dict, out: Any) -> float:
+    """quantized.py's weight decode: per weight a code lookup (NF4) or conversion (int8) and a scale."""
+    return 2.0 * out.numel()
+
+
+WRITTEN_LISTS: dict[Any, tuple[int, ...]] = {aten._fused_adam_: (0, 2, 3, 4), aten._fused_adamw_: (0, 2, 3, 4),
+                                             "advisor::adamw8bit_step_": (0, 2, 3, 4, 5)}
+"""In-place ops that update several of their arguments (by position; by qualified name for ours): the fused
+Adams write the parameters, both moments and, with amsgrad, the maximum of the second; the 8-bit AdamW the
+parameter, both codes and both absmax."""
 
 
 @register(*_ops("hardswish", "hardswish_", "hardswish_backward", "hardsigmoid_backward", "upsample_nearest2d",
@@ -657,8 +677,9 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         flops = _foreach_flops(args, outputs)
     else:
         counted = False
-    if not written and packet in WRITTEN_LISTS:
-        written = sum(_tensor_bytes(tree_flatten(args[i])[0]) for i in WRITTEN_LISTS[packet])
+    written_lists = WRITTEN_LISTS.get(packet) or WRITTEN_LISTS.get(packet._qualified_op_name)
+    if not written and written_lists:
+        written = sum(_tensor_bytes(tree_flatten(args[i])[0]) for i in written_lists)
     elif not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
         written = _tensor_bytes(tree_flatten(args[0])[0])
     return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv)

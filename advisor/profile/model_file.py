@@ -72,6 +72,9 @@ class ModelFile:
     """example_input takes a `seq_len` keyword (the contract's extension for --seq-len)."""
     train_tokens: int | None = None
     """The file's optional TRAIN_TOKENS: the default job in tokens."""
+    origin: str = ""
+    """Where a model by name came from ("meta-llama/Llama-3.1-8B, config from the built-in catalog"); ""
+    for a model file."""
 
     def with_seq_len(self, seq_len: int) -> ModelFile:
         """This model file with every example input `seq_len` tokens long (--seq-len); a UserError
@@ -204,7 +207,13 @@ def _short_repr(value: Any) -> str:
 
 
 def load_model_file(spec: str | None) -> ModelFile:
-    """Import the model file (or example) `spec` and check it follows the contract."""
+    """Import the model file (or example) `spec` and check it follows the contract; `hf:ORG/NAME` and
+    folders holding a config.json are built from that config (hub.py)."""
+    from advisor.profile import hub
+
+    if hub.is_hub_spec(spec):
+        assert spec is not None
+        return load_hub_model(spec)
     path, builtin = resolve_model_path(spec)
     source = describe_source(path, builtin)
     module = _exec_module(path, source)
@@ -245,6 +254,19 @@ def load_model_file(spec: str | None) -> ModelFile:
                         f"got {_short_repr(train_samples)}")
     return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size,
                      train_samples, optimizer, seq_len, _takes_seq_len(example_input), train_tokens)
+
+
+def load_hub_model(spec: str) -> ModelFile:
+    """The model `hf:ORG/NAME` or a config.json folder names, as a model file: its architecture built by
+    transformers from the config, trained as a language model on sequences of tokens (hub.py)."""
+    from advisor.profile import hub
+
+    config = hub.resolve_config(spec)
+    example_input = hub.input_function(config.config)
+    return ModelFile(Path(spec), config.name.split("/")[-1], False, hub.build_function(config), example_input,
+                     hub.model_loss, "sequences", hub.DEFAULT_BATCH_SIZE, None, None,
+                     hub.default_seq_len(config.config), True, hub.DEFAULT_TRAIN_TOKENS,
+                     origin=f"{config.name}, config from {config.origin}")
 
 
 def _takes_seq_len(example_input: Callable[..., Any]) -> bool:

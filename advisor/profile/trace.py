@@ -37,12 +37,14 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
 from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISION_TABLE, PRECISIONS, precision_of
+from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.finite import FiniteActivations
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
+from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
 from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
 from advisor.profile.torch_patches import fake_tensor_conversions
@@ -144,6 +146,11 @@ class StepTrace:
     optimizer_class: str = ""
     """Class of the optimizer that stepped (torch.optim's name: "AdamW", "SGD"), the model file's own for
     optimizer "file"."""
+    total_params: int = 0
+    """Every parameter of the model, frozen ones and quantized frozen weights (by their element count)
+    included; `params` counts the trainable ones."""
+    adapted: str = ""
+    """What --lora/--base-weights did to the model (adapters.adapt), "" when nothing."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -184,6 +191,8 @@ class StepTrace:
             "optimizer": self.optimizer,
             "optimizer_class": self.optimizer_class,
             "params": self.params,
+            "total_params": self.total_params,
+            "adapted": self.adapted,
             "values": self.values,
             "construction": self.construction,
             "data_dependent_ops": dict(self.data_dependent_ops),
@@ -391,6 +400,8 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
         return torch.optim.AdamW(params, foreach=True)
     if name in ("adam-fused", "adamw-fused"):
         return (torch.optim.Adam if name == "adam-fused" else torch.optim.AdamW)(params, fused=True)
+    if name == "adamw8bit":
+        return AdamW8bit(params)
     if name == "adafactor" and name in OPTIMIZERS:
         return torch.optim.Adafactor(params, foreach=True)
     raise UserError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
@@ -460,6 +471,8 @@ class _Setup:
     """Progress and deadline, shared by every attempt."""
     build_optimizer: Callable[[list[torch.nn.Parameter]], Any] | None = None
     """The model file's optimizer(params), for optimizer "file"."""
+    adaptation: Adaptation = field(default_factory=Adaptation)
+    """LoRA adapters and the frozen base's storage (adapters.py)."""
 
 
 class _ConstructorNeedsValues(Exception):
@@ -492,6 +505,7 @@ def trace_training_step(
     timeout_s: float | None = None,
     progress: Callable[[str], None] | None = None,
     build_optimizer: Callable[[list[torch.nn.Parameter]], Any] | None = None,
+    adaptation: Adaptation | None = None,
 ) -> StepTrace:
     """Build the model on fake tensors and trace one steady-state training step: the optimizer's
     state already exists (a first, unrecorded step creates it), gradients were set to None by the
@@ -508,7 +522,8 @@ def trace_training_step(
     assert attention in ATTENTION_PATHS, attention
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
                    checkpointing, accumulate_gradients, attention=attention,
-                   watch=TraceWatch(timeout_s, progress, source), build_optimizer=build_optimizer)
+                   watch=TraceWatch(timeout_s, progress, source), build_optimizer=build_optimizer,
+                   adaptation=adaptation or Adaptation())
     if optimizer == FILE_OPTIMIZER and build_optimizer is None:
         raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
     try:
@@ -580,6 +595,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
         if dtype is not None:
             _convert_floating_point(model, dtype)
             inputs = cast_inputs(inputs, dtype)
+        adapted = _adapt(model, setup)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -626,7 +642,30 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
                      tuple(recorder.records), values,
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
-                     finite.answered, type(opt).__name__)
+                     finite.answered, type(opt).__name__, _total_params(model), adapted)
+
+
+def _adapt(model: torch.nn.Module, setup: _Setup) -> str:
+    """The setup's LoRA adapters and frozen-base storage applied to `model` (adapters.adapt): adapters in
+    the pure precision's dtype, else fp32."""
+    if not setup.adaptation.active:
+        return ""
+    dtype = PURE_LOW_PRECISION.get(setup.precision, torch.float32)
+    return adapt(model, setup.adaptation, dtype, frozen_dtype(setup.precision), setup.source)
+
+
+def frozen_dtype(precision: str) -> torch.dtype | None:
+    """The dtype the rest of a quantized frozen base is kept in: the precision's 16-bit dtype (autocast's or
+    the cast's), None (as built) for fp32 and tf32."""
+    meaning = precision_of(precision)
+    low = meaning.cast or meaning.autocast
+    return None if low is None else TORCH_DTYPES[low]
+
+
+def _total_params(model: torch.nn.Module) -> int:
+    """Every parameter's elements, and those of quantized frozen weights (quantized.FrozenQuantizedLinear)."""
+    quantized = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, FrozenQuantizedLinear))
+    return sum(p.numel() for p in model.parameters()) + quantized
 
 
 def _build_on_fake(setup: _Setup) -> torch.nn.Module:

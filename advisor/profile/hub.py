@@ -1,0 +1,259 @@
+"""Models by name: `hf:ORG/NAME` or a folder holding a Hugging Face `config.json` (PRODUCT.md, issue #26).
+
+The architecture is built with transformers (an optional extra) from the config alone, on fake tensors as
+every model file is: no weights are read or downloaded. The config comes, first found first used, from
+  1. the folder given, or the local Hugging Face cache (`$HF_HUB_CACHE`, `$HF_HOME/hub`, ~/.cache/huggingface/hub);
+  2. the catalog shipped in hf_catalog/ (popular models, so the common names work offline);
+  3. the Hub, when it is reachable and `HF_HUB_OFFLINE` is not set (huggingface_hub, transformers' dependency).
+
+The job is a language model's: inputs are `input_ids` (and `labels`, so the model computes its own loss, as
+Trainer and every fine-tuning script run it) of SEQ_LEN tokens; Seq2seq models (T5) get target sequences of
+the same length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from advisor.errors import UserError, closest_matches
+
+HUB_PREFIX = "hf:"
+CATALOG_DIR = Path(__file__).resolve().parent / "hf_catalog"
+"""The shipped configs: one `ORG--NAME.json` each, listed with their sources in catalog.yaml."""
+
+DEFAULT_SEQ_LEN = 2048
+"""Tokens per sequence when the command line gives none: a common fine-tuning length, capped by the model's
+own maximum (GPT-2 1,024, BERT 512)."""
+SEQ_LEN_WITHOUT_POSITIONS = 512
+"""For models whose config gives no maximum length (T5's relative positions): its pre-training length."""
+
+DEFAULT_BATCH_SIZE = 8
+"""Sequences per optimizer step when the command line gives none."""
+DEFAULT_TRAIN_TOKENS = 10_000_000
+"""The default job: 10 M tokens, an instruction-tuning set of Alpaca's size (52 k samples)."""
+
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+SEQ2SEQ_SUFFIXES = ("ForConditionalGeneration",)
+MASKED_SUFFIXES = ("ForMaskedLM", "ForPreTraining")
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """A model's config.json and where it came from."""
+
+    name: str
+    """The model's id (ORG/NAME) or the folder's name."""
+    config: dict[str, Any]
+    origin: str
+    """Where the config was read: "the local Hugging Face cache", "the built-in catalog", a folder, "the Hub"."""
+
+
+def is_hub_spec(spec: str | None) -> bool:
+    """Whether the model argument names a Hub model (`hf:ORG/NAME`) or a folder holding a config.json."""
+    if spec is None:
+        return False
+    return spec.startswith(HUB_PREFIX) or (Path(spec).expanduser() / "config.json").is_file()
+
+
+def resolve_config(spec: str) -> HubConfig:
+    """The config `spec` names (see the module docstring for the order); a UserError in one sentence when
+    it names nothing that can be found."""
+    folder = Path(spec).expanduser()
+    if not spec.startswith(HUB_PREFIX):
+        return HubConfig(folder.resolve().name, _read_config(folder / "config.json"), f"folder {folder}")
+    repo_id = spec[len(HUB_PREFIX):].strip().strip("/")
+    if not repo_id:
+        raise UserError("'hf:' needs a model id, such as hf:meta-llama/Llama-3.1-8B")
+    cached = _cached_config(repo_id)
+    if cached is not None:
+        return HubConfig(repo_id, _read_config(cached), "the local Hugging Face cache")
+    entry = catalog_entry(repo_id)
+    if entry is not None:
+        canonical, path = entry
+        return HubConfig(canonical, _read_config(path), "the built-in catalog")
+    return HubConfig(repo_id, _config_from_hub(repo_id), "the Hub")
+
+
+@cache
+def catalog() -> dict[str, dict[str, Any]]:
+    """catalog.yaml's models: id -> {file, aliases, params_b, source, ...}."""
+    index = CATALOG_DIR / "catalog.yaml"
+    models = (yaml.safe_load(index.read_text()) or {}).get("models", {}) if index.is_file() else {}
+    assert isinstance(models, dict), f"{index}: 'models' must be a mapping"
+    return models
+
+
+def catalog_names() -> dict[str, str]:
+    """Every name the catalog answers to (ids and aliases, lower case) -> the model's id."""
+    names = {}
+    for model_id, entry in catalog().items():
+        for name in (model_id, model_id.split("/")[-1], *(entry.get("aliases") or ())):
+            names.setdefault(name.lower(), model_id)
+    return names
+
+
+def catalog_entry(name: str) -> tuple[str, Path] | None:
+    """The catalog's model called `name` (its id, its name without the organisation, or an alias; any
+    case): its id and config file; None when the catalog has none."""
+    model_id = catalog_names().get(name.lower())
+    if model_id is None:
+        return None
+    return model_id, CATALOG_DIR / catalog()[model_id]["file"]
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not a readable JSON config: {exc}") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise UserError(f"{path} is not a Hugging Face model config: it has no 'model_type'")
+    return config
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloaded repositories."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = Path(os.environ["HF_HOME"]).expanduser() if os.environ.get("HF_HOME") else \
+        Path.home() / ".cache" / "huggingface"
+    return home / "hub"
+
+
+def _cached_config(repo_id: str) -> Path | None:
+    """config.json of `repo_id` in the local cache: the snapshot refs/main points to, else the newest."""
+    repo = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
+    main = repo / "refs" / "main"
+    if main.is_file():
+        candidate = repo / "snapshots" / main.read_text().strip() / "config.json"
+        if candidate.is_file():
+            return candidate
+    snapshots = sorted((repo / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+    return snapshots[-1] if snapshots else None
+
+
+def _config_from_hub(repo_id: str) -> dict[str, Any]:
+    """config.json downloaded from the Hub; a UserError naming the catalog's closest names when it cannot be."""
+    closest = closest_matches(repo_id.lower(), catalog_names())
+    hint = (f"; the built-in catalog has {', '.join('hf:' + catalog_names()[c] for c in closest)}" if closest
+            else "; `advisor models` lists the built-in catalog")
+    unresolved = (f"cannot resolve 'hf:{repo_id}': it is not in the local Hugging Face cache nor in the "
+                  "built-in catalog, and")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise UserError(f"{unresolved} HF_HUB_OFFLINE is set{hint}")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise UserError(f"{unresolved} huggingface_hub is not installed to ask the Hub "
+                        f"(pip install 'gpu-advisor[hf]'){hint}") from None
+    try:
+        path = hf_hub_download(repo_id, "config.json")
+    except Exception as exc:  # noqa: BLE001 - any failure to fetch is the same answer to the user
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{unresolved} the Hub did not give it ({type(exc).__name__}: {reason[:160]}){hint}") \
+            from None
+    return _read_config(Path(path))
+
+
+# --- building the model ---------------------------------------------------------------------------------
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("models by name (hf:, a config.json folder) need transformers: "
+                        "pip install 'gpu-advisor[hf]'") from None
+    return transformers
+
+
+def task_of(config: dict[str, Any]) -> str:
+    """"causal", "seq2seq" or "masked": what the model is trained to do, from its architectures entry
+    (causal when it names none: the fine-tuning job people plan)."""
+    for architecture in config.get("architectures") or ():
+        if architecture.endswith(SEQ2SEQ_SUFFIXES):
+            return "seq2seq"
+        if architecture.endswith(MASKED_SUFFIXES):
+            return "masked"
+        if architecture.endswith(CAUSAL_SUFFIXES):
+            return "causal"
+    return "seq2seq" if config.get("is_encoder_decoder") else "causal"
+
+
+def transformers_config(hub: HubConfig) -> Any:
+    """The config as transformers' class for its model_type, with the KV cache off (training)."""
+    transformers = _transformers()
+    model_type = hub.config["model_type"]
+    try:
+        config_class = transformers.CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise UserError(f"{hub.name}: transformers {transformers.__version__} does not know model_type "
+                        f"'{model_type}'; a newer transformers may (pip install -U transformers)") from None
+    settings = {k: v for k, v in hub.config.items() if k not in ("auto_map", "_name_or_path")}
+    config = config_class.from_dict(settings)
+    config.use_cache = False
+    return config
+
+
+def build_function(hub: HubConfig) -> Callable[[], Any]:
+    """build_model() for the config: the Auto class of its task, with PyTorch's scaled-dot-product
+    attention where the architecture supports it (Trainer's default), else its own."""
+    transformers = _transformers()
+    auto = {"causal": transformers.AutoModelForCausalLM, "seq2seq": transformers.AutoModelForSeq2SeqLM,
+            "masked": transformers.AutoModelForMaskedLM}[task_of(hub.config)]
+
+    def build_model() -> Any:
+        config = transformers_config(hub)
+        try:
+            model = auto.from_config(config, attn_implementation="sdpa")
+        except (ValueError, ImportError):  # this architecture has no sdpa path: its default attention
+            model = auto.from_config(config)
+        if getattr(model, "loss_type", "") is None and task_of(hub.config) == "causal":
+            model.loss_type = "ForCausalLM"  # transformers' own fallback for a class name it does not map, unwarned
+        return model
+    return build_model
+
+
+def default_seq_len(config: dict[str, Any]) -> int:
+    """DEFAULT_SEQ_LEN, capped by the model's maximum positions."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        limit = config.get(key)
+        if isinstance(limit, int) and limit > 0:
+            return min(DEFAULT_SEQ_LEN, limit)
+    return SEQ_LEN_WITHOUT_POSITIONS
+
+
+def vocab_size(config: dict[str, Any]) -> int:
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if not isinstance(size, int) or size < 1:
+        raise UserError("the model's config gives no vocab_size to make token ids from")
+    return size
+
+
+def input_function(config: dict[str, Any]) -> Callable[..., Any]:
+    """example_input(batch_size, seq_len): token ids and the same ids as labels (the model's own loss);
+    seq2seq models get target sequences of the same length."""
+    import torch
+
+    vocab = vocab_size(config)
+    default = default_seq_len(config)
+
+    def example_input(batch_size: int, seq_len: int | None = None) -> dict[str, Any]:
+        ids = torch.randint(0, vocab, (batch_size, seq_len or default))
+        return {"input_ids": ids, "labels": ids.clone()}
+    return example_input
+
+
+def model_loss(output: Any, inputs: Any) -> Any:
+    """The loss the model computed from `labels` (a transformers ModelOutput's `loss`)."""
+    return output.loss
