@@ -30,3 +30,6 @@ MAX_SEQ_LEN = 2**24
 
 MAX_JOB_TOKENS = 10**15
 """Largest job in tokens (the largest training sets are about 10^14)."""
+
+MAX_LORA_RANK = 65_536
+"""--lora: a rank above the widest layer of any model is a typo."""

@@ -68,9 +68,11 @@ def test_tokens_per_second_and_mfu_in_json(tmp_path: Path, capsys: pytest.Captur
     assert document["settings"]["tokens"] == 1_024_000 and document["results"][0]["steps"] == 1000
     result = document["results"][0]
     assert result["throughput_tokens_per_s"] == pytest.approx(result["throughput_samples_per_s"] * 128)
-    # MFU: the step's FLOPs per second over the H100's fp32 peak (the precision's math dtype)
+    # a language model (it has a SEQ_LEN) is trained in amp-bf16 when no --precision is given
+    assert document["settings"]["precision"] == "amp-bf16"
+    # MFU: the step's FLOPs per second over the H100 SXM's dense bf16 peak (the precision's math dtype)
     step_flops = document["model"]["train_step_flops"]
-    assert result["mfu"] == pytest.approx(step_flops / result["step_time_s"] / 66.9e12, rel=0.02)
+    assert result["mfu"] == pytest.approx(step_flops / result["step_time_s"] / 989.4e12, rel=0.02)
 
 
 def test_the_table_says_tokens_per_second(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

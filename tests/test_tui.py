@@ -468,6 +468,9 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "budget": ("100", "budget_usd", 100.0),
     "deadline": ("24", "deadline_hours", 24.0),
     "max_price": ("2000", "max_price_usd", 2000.0),
+    "lora": ("16", "lora", 16),
+    "lora_targets": ("q_proj, v_proj", "lora_targets", ("q_proj", "v_proj")),
+    "base_weights": ("nf4", "base_weights", "nf4"),
 }
 
 

@@ -16,17 +16,26 @@ from advisor.limits import (
     MAX_HOURS,
     MAX_JOB_SAMPLES,
     MAX_JOB_TOKENS,
+    MAX_LORA_RANK,
     MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
 )
-from advisor.profile.choices import OPTIMIZER_CHOICES, PRECISIONS
+from advisor.profile.choices import (
+    BASE_WEIGHTS,
+    BF16_BASE_PRECISIONS,
+    DEFAULT_PRECISION,
+    LANGUAGE_MODEL_PRECISION,
+    OPTIMIZER_CHOICES,
+    PRECISIONS,
+)
 from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
 if TYPE_CHECKING:  # these import torch; a request is made before any is needed
     from advisor.estimate.costs import Job
     from advisor.estimate.plan import EstimateSettings
     from advisor.memory.plan import MemorySettings
+    from advisor.profile.adapters import Adaptation
     from advisor.profile.model_file import ModelFile
 
 SECONDS_PER_HOUR = 3600.0
@@ -41,7 +50,8 @@ class PlanRequest:
     """A model file path or a built-in example name; None: the resnet50 example."""
     batch_size: int | None = None
     """Samples per optimizer step."""
-    precision: str = "fp32"
+    precision: str | None = None
+    """A --precision name; None: amp-bf16 for a language model (one with a sequence length), else fp32."""
     optimizer: str | None = None
     """An optimizer name, "file" (the model file's optimizer(params)); None: that when defined, else adamw."""
     checkpointing: bool = False
@@ -76,9 +86,16 @@ class PlanRequest:
     """The cheapest device done within this time is named."""
     max_price_usd: float | None = None
     """The fastest card that costs at most this to buy is named (a purchase budget)."""
+    lora: int | None = None
+    """LoRA adapters of this rank; the rest of the model frozen (profile/adapters.py)."""
+    lora_targets: tuple[str, ...] = ()
+    """Names of the Linear layers LoRA adapts ("all-linear": every one but the head); (): the attention defaults."""
+    base_weights: str | None = None
+    """How the frozen base is stored (BASE_WEIGHTS); None: bf16 under a 16-bit precision with --lora, else as
+    the precision stores weights."""
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
+        if self.precision is not None and self.precision not in PRECISIONS:
             raise UserError(f"unknown precision '{self.precision}'; choose one of {', '.join(PRECISIONS)}")
         if self.optimizer is not None and self.optimizer not in OPTIMIZER_CHOICES:
             raise UserError(f"unknown optimizer '{self.optimizer}'; choose one of {', '.join(OPTIMIZER_CHOICES)}")
@@ -100,6 +117,36 @@ class PlanRequest:
             raise UserError("give one of --tokens, --samples or --steps for the job, not several")
         if self.micro_batch is not None and self.batch_size is not None:
             self.check_micro_batch(self.batch_size)
+        self._check_adaptation()
+
+    def _check_adaptation(self) -> None:
+        _check_whole("LoRA rank", self.lora, MAX_LORA_RANK)
+        if self.lora_targets and self.lora is None:
+            raise UserError("--lora-targets names the layers of LoRA adapters: give their rank with --lora RANK")
+        if any(not name.strip() for name in self.lora_targets):
+            raise UserError("--lora-targets: give layer names separated by commas, such as q_proj,v_proj")
+        if self.base_weights is not None and self.base_weights not in BASE_WEIGHTS:
+            raise UserError(f"unknown --base-weights '{self.base_weights}'; choose one of {', '.join(BASE_WEIGHTS)}")
+        if self.base_weights == "bf16" and self.precision is not None and self.precision not in BF16_BASE_PRECISIONS:
+            raise UserError(f"--base-weights bf16 needs 16-bit math: --precision {self.precision} computes in fp32; "
+                            f"use --precision {' or '.join(BF16_BASE_PRECISIONS)}")
+
+    def precision_for(self, model: ModelFile) -> str:
+        """--precision, else LANGUAGE_MODEL_PRECISION for a model with a sequence length, else fp32."""
+        if self.precision is not None:
+            return self.precision
+        return LANGUAGE_MODEL_PRECISION if model.seq_len is not None else DEFAULT_PRECISION
+
+    def adaptation(self, precision: str) -> Adaptation:
+        """--lora, --lora-targets and --base-weights; with --lora under a 16-bit precision the frozen base is
+        bf16 unless --base-weights says otherwise (from_pretrained(torch_dtype=torch.bfloat16), as fine-tuning
+        scripts load it)."""
+        from advisor.profile.adapters import Adaptation
+
+        base = self.base_weights
+        if base is None and self.lora is not None and precision in BF16_BASE_PRECISIONS and precision != "bf16":
+            base = "bf16"
+        return Adaptation(self.lora, self.lora_targets, base)
 
     def check_micro_batch(self, batch_size: int) -> None:
         """A UserError when the micro-batch is larger than `batch_size` or does not divide it."""
@@ -121,9 +168,10 @@ class PlanRequest:
         from advisor.memory.plan import MemorySettings
 
         context = None if self.cuda_context_mib is None else int(self.cuda_context_mib * units.MIB)
-        return MemorySettings(self.batch_size or model.default_batch_size, self.precision,
+        precision = self.precision_for(model)
+        return MemorySettings(self.batch_size or model.default_batch_size, precision,
                               model.resolve_optimizer(self.optimizer), self.checkpointing, self.micro_batch,
-                              context, self.trace_timeout_s or None)
+                              context, self.trace_timeout_s or None, self.adaptation(precision))
 
     def job(self, model: ModelFile) -> Job:
         """The job: steps, or samples x epochs (the file's TRAIN_SAMPLES where none are given)."""
@@ -156,7 +204,8 @@ class PlanRequest:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
 
-TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch", "seq_len")
+TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch", "seq_len", "lora",
+                "lora_targets", "base_weights")
 """The request's fields a traced step depends on; the others (devices, prices, job, budget) only
 change what is done with it."""
 

@@ -22,11 +22,21 @@ from advisor.limits import (
     MAX_HOURS,
     MAX_JOB_SAMPLES,
     MAX_JOB_TOKENS,
+    MAX_LORA_RANK,
     MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
 )
-from advisor.profile.choices import DEFAULT_OPTIMIZER, FILE_OPTIMIZER, OPTIMIZER_CHOICES, PRECISIONS
+from advisor.profile.choices import (
+    ALL_LINEAR,
+    BASE_WEIGHTS,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_PRECISION,
+    FILE_OPTIMIZER,
+    LANGUAGE_MODEL_PRECISION,
+    OPTIMIZER_CHOICES,
+    PRECISIONS,
+)
 from advisor.profile.model_file import DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLE, builtin_examples
 from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
@@ -58,6 +68,14 @@ def positive_int(text: str, limit: int | None = None) -> int:
     if limit is not None and value > limit:
         raise argparse.ArgumentTypeError(f"must be at most {limit:,}, got {shorten(text, 30)}")
     return value
+
+
+def name_list(text: str) -> list[str]:
+    """Comma-separated names ("q_proj,v_proj"), each stripped; an argparse type."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected names separated by commas, got '{shorten(text, 40)}'")
+    return names
 
 
 def bounded_int(limit: int) -> Callable[[str], int]:
@@ -134,17 +152,28 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=bounded_int(MAX_BATCH_SIZE), metavar="N",
                         help=f"samples per step (default: the file's BATCH_SIZE, else {DEFAULT_BATCH_SIZE})")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+    parser.add_argument("--precision", choices=PRECISIONS,
                         help="fp32 (strict), tf32 (fp32 matmuls on TF32 tensor cores), amp-fp16/amp-bf16 "
-                             "(autocast: the math in 16 bits, fp32 master weights, gradients and optimizer state, "
-                             "plus a 16-bit copy of the weights: more memory than fp32), bf16/fp16 (pure: "
-                             "weights, gradients and Adam's state in 16 bits, half of fp32's); default fp32")
+                             "(autocast, mixed precision: the math in 16 bits, fp32 master weights, gradients and "
+                             "optimizer state, plus a 16-bit copy of the weights: faster, but more memory than "
+                             "fp32), bf16/fp16 (pure: weights, gradients and Adam's state in 16 bits, half of "
+                             f"fp32's memory, less exact updates); default {LANGUAGE_MODEL_PRECISION} for a "
+                             f"language model (one with a sequence length: SEQ_LEN, hf:), else {DEFAULT_PRECISION}")
     parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES,
                         help=f"'{FILE_OPTIMIZER}': what the model file's optimizer(params) builds; default: that "
                              f"when the file defines one, else {DEFAULT_OPTIMIZER}")
     parser.add_argument("--seq-len", type=bounded_int(MAX_SEQ_LEN), metavar="L",
                         help="tokens per sample of a sequence model (default: the file's SEQ_LEN; its "
                              "example_input must take seq_len)")
+    parser.add_argument("--lora", type=bounded_int(MAX_LORA_RANK), metavar="RANK",
+                        help="fine-tune LoRA adapters of this rank, the rest of the model frozen (peft's LoRA)")
+    parser.add_argument("--lora-targets", type=name_list, metavar="NAME,...",
+                        help=f"the Linear layers LoRA adapts, by name (q_proj,v_proj) or {ALL_LINEAR}; default: "
+                             "the architecture's attention projections, as peft chooses them")
+    parser.add_argument("--base-weights", choices=BASE_WEIGHTS,
+                        help="how the frozen base is stored: bf16, or its Linear layers in bitsandbytes' 4-bit "
+                             "NormalFloat (nf4; nf4-dq: double quantization, QLoRA) or LLM.int8 (int8); default "
+                             "bf16 with --lora under a 16-bit precision")
     parser.add_argument("--trace-timeout", type=bounded_float(MAX_TRACE_TIMEOUT_S, allow_zero=True),
                         default=DEFAULT_TRACE_TIMEOUT_S, metavar="SECONDS",
                         help=f"stop tracing a step that takes longer (default {DEFAULT_TRACE_TIMEOUT_S:g}; 0: no limit)")
@@ -204,7 +233,8 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         tokens=getattr(args, "tokens", None), seq_len=getattr(args, "seq_len", None),
         provider=getattr(args, "provider", None), spot=getattr(args, "spot", False),
         budget_usd=getattr(args, "budget_usd", None), deadline_hours=getattr(args, "deadline_hours", None),
-        max_price_usd=getattr(args, "max_price_usd", None),
+        max_price_usd=getattr(args, "max_price_usd", None), lora=getattr(args, "lora", None),
+        lora_targets=tuple(getattr(args, "lora_targets", None) or ()), base_weights=getattr(args, "base_weights", None),
     )
 
 

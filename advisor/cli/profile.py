@@ -8,7 +8,7 @@ import json
 
 from typing import TYPE_CHECKING
 
-from advisor.cli.arguments import add_model_arguments, examples, positive_int, progress
+from advisor.cli.arguments import add_model_arguments, examples, positive_int, progress, request_from_arguments
 from advisor.present.format import count, percent, si
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
@@ -51,9 +51,11 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
             model = model.with_seq_len(args.seq_len)
         progress(f"tracing a training step of {model.source} on fake tensors"
                  + ("" if args.no_fvcore else ", then fvcore's forward profile"))
-        profile = profile_model(model, args.batch_size, args.precision, model.resolve_optimizer(args.optimizer),
+        request = request_from_arguments(args)
+        precision = request.precision_for(model)
+        profile = profile_model(model, args.batch_size, precision, model.resolve_optimizer(args.optimizer),
                                 with_fvcore=not args.no_fvcore, timeout_s=args.trace_timeout or None,
-                                progress=progress)
+                                progress=progress, adaptation=request.adaptation(precision))
     if args.json:
         print(json.dumps(profile.to_dict(args.depth, args.top), indent=2))
     else:

@@ -22,13 +22,8 @@ import torch
 from torch import nn
 
 from advisor.errors import UserError, closest_matches
-from advisor.profile.quantized import BASE_FORMATS, FrozenQuantizedLinear
-
-BASE_WEIGHTS = ("bf16", *BASE_FORMATS)
-"""What --base-weights accepts."""
-
-ALL_LINEAR = "all-linear"
-"""--lora-targets value for every Linear layer but the output head (peft's "all-linear")."""
+from advisor.profile.choices import ALL_LINEAR, BASE_WEIGHTS
+from advisor.profile.quantized import FrozenQuantizedLinear
 
 DEFAULT_TARGETS = (("q_proj", "v_proj"), ("c_attn",), ("query", "value"), ("q", "v"), ("query_key_value",),
                    ("qkv_proj",), ("Wqkv",), ("qkv",))

@@ -99,3 +99,23 @@ def describe_optimizer(name: str, class_name: str = "") -> str:
     if name != FILE_OPTIMIZER:
         return name
     return f"optimizer() of the model file{f': {class_name}' if class_name else ''}"
+
+
+BASE_WEIGHTS = ("bf16", "nf4", "nf4-dq", "int8")
+"""--base-weights: how a frozen base (LoRA's) is stored: bf16, or its Linear layers as bitsandbytes' 4-bit
+NormalFloat (nf4; nf4-dq with double quantization, QLoRA's) or LLM.int8 codes (profile/quantized.py)."""
+
+ALL_LINEAR = "all-linear"
+"""--lora-targets value for every Linear layer but the output head (peft's "all-linear")."""
+
+LANGUAGE_MODEL_PRECISION = "amp-bf16"
+"""The precision when none is asked for and the model is a language model (it has a sequence length): how
+LLMs are trained and fine-tuned (Hugging Face Trainer's bf16=True, torchtitan, Megatron: bf16 math, fp32
+master weights and optimizer state)."""
+
+DEFAULT_PRECISION = "fp32"
+"""The precision when none is asked for, for other models."""
+
+BF16_BASE_PRECISIONS = ("amp-bf16", "amp-fp16", "bf16")
+"""Precisions that compute in 16 bits, where frozen bf16 weights can be used (the others compute in fp32)."""
+

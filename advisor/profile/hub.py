@@ -220,8 +220,20 @@ def build_function(hub: HubConfig) -> Callable[[], Any]:
             model = auto.from_config(config)
         if getattr(model, "loss_type", "") is None and task_of(hub.config) == "causal":
             model.loss_type = "ForCausalLM"  # transformers' own fallback for a class name it does not map, unwarned
+        if hub.config.get("tie_word_embeddings") is False:
+            _untie_output_embeddings(model)
         return model
     return build_model
+
+
+def _untie_output_embeddings(model: Any) -> None:
+    """A head of its own where the config says the embeddings are not tied (transformers 5 ties T5's and mT5's
+    whatever their config says; the checkpoints of T0 and mT0 have two matrices)."""
+    import torch
+
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and embeddings is not None and head.weight is embeddings.weight:
+        head.weight = torch.nn.Parameter(embeddings.weight.detach().clone())
 
 
 def default_seq_len(config: dict[str, Any]) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from advisor.errors import UserError
+from advisor.profile.adapters import Adaptation
 from advisor.profile.coverage import coverage_of
 from advisor.profile.forward import ForwardProfile, forward_profile
 from advisor.profile.model_file import ModelFile
@@ -192,14 +193,15 @@ def _ancestors(module: str, max_depth: int) -> list[str]:
 
 def profile_model(model: ModelFile, batch_size: int | None = None, precision: str = "fp32",
                   optimizer: str = "adamw", with_fvcore: bool = True, timeout_s: float | None = None,
-                  progress: Callable[[str], None] | None = None) -> ModelProfile:
+                  progress: Callable[[str], None] | None = None, adaptation: Adaptation | None = None) -> ModelProfile:
     """Trace one training step of the model file and, unless `with_fvcore` is False, make
-    fvcore's forward profile of the same batch. `timeout_s` and `progress`: trace_training_step's."""
+    fvcore's forward profile of the same batch. `timeout_s`, `progress` and `adaptation`:
+    trace_training_step's."""
     batch = batch_size if batch_size is not None else model.default_batch_size
     started = time.perf_counter()
     trace = trace_training_step(model.build_model, model.example_input, batch, precision, optimizer,
                                 model.loss_fn, model.source, timeout_s=timeout_s, progress=progress,
-                                build_optimizer=model.optimizer)
+                                build_optimizer=model.optimizer, adaptation=adaptation)
     trace_seconds = time.perf_counter() - started
     forward = forward_error = forward_seconds = None
     if with_fvcore:

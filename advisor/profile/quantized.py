@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from advisor.profile.choices import BASE_WEIGHTS
+
 NF4_BLOCK = 64
 """Weights per absmax in bitsandbytes' 4-bit formats (its default blocksize)."""
 DOUBLE_QUANT_BLOCK = 256
@@ -37,7 +39,7 @@ OPTIMIZER_BLOCK = 256
 MIN_8BIT_SIZE = 4096
 """bitsandbytes' optimizers keep 32-bit state for tensors with fewer elements."""
 
-BASE_FORMATS = ("nf4", "nf4-dq", "int8")
+BASE_FORMATS = tuple(name for name in BASE_WEIGHTS if name != "bf16")
 """Quantized storages of frozen Linear weights: 4-bit NormalFloat, the same with double quantization, LLM.int8."""
 
 @torch.library.custom_op("advisor::dequantize_blockwise", mutates_args=())

@@ -35,7 +35,7 @@ from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB
 from advisor.profile.background import ForkedCall
 from advisor.profile.model_file import builtin_examples
-from advisor.profile.choices import OPTIMIZER_CHOICES, PRECISIONS
+from advisor.profile.choices import BASE_WEIGHTS, OPTIMIZER_CHOICES, PRECISIONS
 from advisor.app.plan import TracePair, plan
 from advisor.app.request import PlanRequest
 from advisor.tui.chart import points_of, scatter
@@ -110,10 +110,18 @@ class EstimateScreen(Screen):
                 yield Label("Batch size")
                 yield Input(_text(request.batch_size), placeholder="model's default", type="integer", id="batch")
                 yield Label("Precision")
-                yield Select([(p, p) for p in PRECISIONS], value=request.precision, allow_blank=False, id="precision")
+                yield Select([(p, p) for p in PRECISIONS], value=request.precision or NO_SELECTION,
+                             prompt="default (amp-bf16 for LLMs)", id="precision")
                 yield Label("Optimizer")
                 yield Select([(o, o) for o in OPTIMIZER_CHOICES], value=request.optimizer or NO_SELECTION,
                              prompt="default", id="optimizer")
+                yield Label("LoRA rank")
+                yield Input(_text(request.lora), placeholder="none (full fine-tune)", type="integer", id="lora")
+                yield Label("LoRA targets (a, b, ...)")
+                yield Input(", ".join(request.lora_targets), placeholder="attention defaults", id="lora_targets")
+                yield Label("Frozen base weights")
+                yield Select([(b, b) for b in BASE_WEIGHTS], value=request.base_weights or NO_SELECTION,
+                             prompt="default", id="base_weights")
                 with Horizontal(classes="switch-row"):
                     yield Switch(request.checkpointing, id="checkpointing")
                     yield Label("checkpointing")
@@ -198,7 +206,7 @@ class EstimateScreen(Screen):
         return PlanRequest(
             model=value("model").strip() or None,
             batch_size=parse_number(value("batch"), int, "batch size"),
-            precision=str(chosen("precision")),
+            precision=chosen("precision"),
             optimizer=chosen("optimizer"),
             checkpointing=self.query_one("#checkpointing", Switch).value,
             micro_batch=parse_number(value("micro_batch"), int, "micro-batch"),
@@ -217,10 +225,13 @@ class EstimateScreen(Screen):
             budget_usd=parse_number(value("budget"), float, "budget"),
             deadline_hours=parse_number(value("deadline"), float, "deadline"),
             max_price_usd=parse_number(value("max_price"), float, "max card price"),
+            lora=parse_number(value("lora"), int, "LoRA rank"),
+            lora_targets=tuple(t.strip() for t in value("lora_targets").split(",") if t.strip()),
+            base_weights=chosen("base_weights"),
         )
 
     @on(Input.Submitted)
-    @on(Select.Changed, "#precision, #optimizer, #provider")
+    @on(Select.Changed, "#precision, #optimizer, #provider, #base_weights")
     @on(Switch.Changed)
     def _setting_changed(self) -> None:
         """Re-estimate when the form says something new (widgets also post Changed as they mount)."""

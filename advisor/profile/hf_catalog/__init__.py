@@ -1,0 +1,1 @@
+"""The catalog of Hugging Face configs (data; see README.md)."""
