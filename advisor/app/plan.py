@@ -11,6 +11,7 @@ from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.profile.model_file import ModelFile, load_model_file
 
 if TYPE_CHECKING:  # torch: only once a model is traced
+    from advisor.app.fit import FitPlan
     from advisor.estimate.plan import Estimate
     from advisor.estimate.targets import CalibrationProgress, EstimateTarget
     from advisor.memory.plan import MemoryPlan
@@ -67,6 +68,16 @@ def plan(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet, trac
     targets = targets_for(request, db, notify or progress, calibration_bar)  # after the cheap checks
     first, second = traces or (None, None)
     return estimate_model(model, db, targets, settings, progress=progress, trace=first, second=second)
+
+
+def advise(request: PlanRequest, db: HardwareDB, estimate: Estimate, progress: Progress = _quiet) -> tuple[FitPlan, ...]:
+    """The fit advisor's plans for `estimate` (the request's own) as request.plans says: when nothing fits
+    ("auto"), also faster or cheaper ways ("always"), none ("never")."""
+    from advisor.app.fit import fit_plans
+
+    if request.plans == "never" or (request.plans == "auto" and estimate.fitting):
+        return ()
+    return fit_plans(request, db.with_offers_from(request.provider), estimate, request.plans == "always", progress)
 
 
 def plan_memory_only(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet) -> MemoryPlan:

@@ -93,6 +93,9 @@ class PlanRequest:
     base_weights: str | None = None
     """How the frozen base is stored (BASE_WEIGHTS); None: bf16 under a 16-bit precision with --lora, else as
     the precision stores weights."""
+    plans: str = "auto"
+    """The fit advisor (app/fit.py): "auto" searches when nothing fits, "always" also for faster or cheaper
+    ways, "never" not at all."""
 
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
@@ -118,6 +121,8 @@ class PlanRequest:
         if self.micro_batch is not None and self.batch_size is not None:
             self.check_micro_batch(self.batch_size)
         self._check_adaptation()
+        if self.plans not in PLAN_MODES:
+            raise UserError(f"unknown --plans '{self.plans}'; choose one of {', '.join(PLAN_MODES)}")
 
     def _check_adaptation(self) -> None:
         _check_whole("LoRA rank", self.lora, MAX_LORA_RANK)
@@ -194,7 +199,18 @@ class PlanRequest:
     def settings(self, model: ModelFile) -> EstimateSettings:
         from advisor.estimate.plan import EstimateSettings
 
-        return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len)
+        return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
+                                self.assumptions(model))
+
+    def assumptions(self, model: ModelFile) -> tuple[str, ...]:
+        """What was chosen for the user, as phrases for the settings line."""
+        chosen = []
+        precision = self.precision_for(model)
+        if self.precision is None and precision != DEFAULT_PRECISION:
+            chosen.append(f"{precision} assumed for a language model (--precision)")
+        if self.base_weights is None and self.adaptation(precision).base_weights == "bf16":
+            chosen.append("frozen base in bf16, as fine-tuning scripts load it (--base-weights)")
+        return tuple(chosen)
 
     def traces_differ(self, other: PlanRequest) -> bool:
         """Whether `other`'s step traces differently (TRACE_FIELDS differ): else its traces can be reused."""
@@ -203,6 +219,9 @@ class PlanRequest:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
+
+PLAN_MODES = ("auto", "always", "never")
+"""--plans: when the fit advisor searches."""
 
 TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch", "seq_len", "lora",
                 "lora_targets", "base_weights")

@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from advisor.app.request import PlanRequest
+from advisor.app.request import PLAN_MODES, PlanRequest
 from advisor.errors import shorten
 from advisor.estimate.costs import DEFAULT_SAMPLES
 from advisor.limits import (
@@ -211,6 +211,9 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
                           "TRAIN_TOKENS when it has one)")
     parser.add_argument("--provider", metavar="P", help="only this provider's cloud offers (see `advisor gpus`)")
     parser.add_argument("--spot", action="store_true", help="rank cost by spot prices instead of on-demand")
+    parser.add_argument("--plans", choices=PLAN_MODES, default="auto",
+                        help="the fit advisor: other settings that fit, each traced and estimated (auto: when "
+                             "nothing fits; always: also faster or cheaper ways; never)")
     goals = parser.add_argument_group("goals (each adds the device that meets it best)")
     goals.add_argument("--budget-usd", type=bounded_float(MAX_USD), metavar="USD",
                        help="the fastest device whose rented job costs at most this")
@@ -235,6 +238,7 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         budget_usd=getattr(args, "budget_usd", None), deadline_hours=getattr(args, "deadline_hours", None),
         max_price_usd=getattr(args, "max_price_usd", None), lora=getattr(args, "lora", None),
         lora_targets=tuple(getattr(args, "lora_targets", None) or ()), base_weights=getattr(args, "base_weights", None),
+        plans=getattr(args, "plans", "auto"),
     )
 
 

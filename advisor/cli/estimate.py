@@ -8,12 +8,13 @@ import json
 import sys
 import textwrap
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from advisor.app.plan import plan
+from advisor.app.plan import advise, plan
 from advisor.app.request import PlanRequest
-from advisor.cli.arguments import add_estimate_arguments, examples, progress, request_from_arguments
-from advisor.present.format import count, duration, fits_nowhere_message, gib, money, plan_duration, si
+from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
+from advisor.present.format import count, describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.ranking import SORT_KEYS, sort_results
 from advisor.errors import UserError
@@ -23,6 +24,7 @@ from advisor.profile.choices import describe_optimizer
 from advisor.profile.coverage import trace_notes
 
 if TYPE_CHECKING:
+    from advisor.app.fit import FitPlan
     from advisor.estimate.plan import DeviceEstimate, Estimate
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -72,14 +74,42 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         raise UserError(f"--top-ops must be 0 or more, got {args.top_ops}")
     request = request_from_arguments(args)
     estimate = estimate_for(request, db)
+    with user_output_to_stderr():
+        plans = advise(request, db, estimate, progress)
     output_format = "json" if args.json else args.format
     if output_format == "json":
-        print(json.dumps(estimate.to_dict(args.top_ops), indent=2))
+        print(json.dumps(estimate.to_dict(args.top_ops) | {"plans": [p.to_dict() for p in plans]}, indent=2))
     else:
         print(render_estimate(estimate, args.sort, output_width(), output_format, request))
-    if not estimate.fitting:
+        if output_format == "table" and (plans or request.plans == "always"):
+            print("\n".join(render_plans(estimate, plans)))
+    if not estimate.fitting and not plans:
         raise UserError(fits_nowhere(estimate))
+    if not estimate.fitting:
+        note(f"as asked, {estimate.model.name} fits none of the {len(estimate.results)} devices; "
+             "the ways to make it fit are listed")
     return 0
+
+
+def render_plans(estimate: Estimate, plans: Sequence[FitPlan]) -> list[str]:
+    """The fit advisor's section: "Ways to make it fit" when nothing fits, else "Cheaper or faster"."""
+    title = "Cheaper or faster" if estimate.fitting else "Ways to make it fit"
+    if not plans:
+        return ["", f"{title}: none found among micro-batching, checkpointing, 8-bit AdamW, bf16 and LoRA"]
+    spot = estimate.settings.spot
+    lines = ["", f"{title} (each traced and estimated; the fastest GPU it fits on):"]
+    for number, plan in enumerate(plans, 1):
+        result = plan.result
+        tokens = result.throughput_tokens_per_s
+        speed = f"{tokens:,.0f} tokens/s" if tokens is not None else \
+            f"{result.throughput:,.1f} {estimate.model.sample_unit}/s"
+        cost = plan.cost_usd
+        money_part = f", {money(cost)} USD{' spot' if spot else ''}" if cost is not None else ""
+        trained = " [changes what is trained]" if plan.changes_what_is_trained else ""
+        lines.append(f"{number}. {plan.flags}: {result.id}, {gib(result.memory.peak_bytes)} GiB of "
+                     f"{gib(result.memory.capacity_bytes)}, {speed}, {plan_duration(result.time_to_train_s)}"
+                     f"{money_part}{trained}")
+    return lines
 
 
 def fits_nowhere(estimate: Estimate) -> str:
@@ -166,11 +196,14 @@ def _header(estimate: Estimate) -> list[str]:
     if memory.accumulate_gradients:
         batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
     options = ", activation checkpointing" if memory.checkpointing else ""
+    if trace.adapted:
+        options += f", {trace.adapted}"
+    assumed = f" ({'; '.join(settings.assumptions)})" if settings.assumptions else ""
     return [
-        f"Model: {model.name} ({model.source}), {count(trace.params)} parameters, "
+        f"Model: {model.name} ({model.origin or model.source}), {describe_params(trace)}, "
         f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)",
-        f"Settings: {batch}, {memory.precision}, {describe_optimizer(memory.optimizer, trace.optimizer_class)}{options}; "
-        f"job: {settings.job.describe(memory.batch_size, unit)}",
+        f"Settings: {batch}, {memory.precision}, {describe_optimizer(memory.optimizer, trace.optimizer_class)}{options}"
+        f"{assumed}; job: {settings.job.describe(memory.batch_size, unit)}",
         _calibration_line(estimate),
         "Peak/Mem: peak training memory / device memory (GiB = 2^30 bytes; 'GiB short' in Train: does not "
         "fit); Step: one optimizer step; Cheapest cloud and Job $: the cheapest 1-GPU instance for the job's "

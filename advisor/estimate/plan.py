@@ -158,9 +158,12 @@ class EstimateSettings:
     """Rank cost by spot prices instead of on-demand."""
     seq_len: int | None = None
     """Tokens per sample of a sequence model (the file's SEQ_LEN or --seq-len); None: not one."""
+    assumptions: tuple[str, ...] = ()
+    """Settings chosen for the user, each a phrase ("amp-bf16 (assumed for a language model; --precision)")."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
+        adaptation = self.memory.adaptation
         tokens = None if self.seq_len is None or job.samples is None or job.epochs is None else \
             round(job.samples * job.epochs * self.seq_len)
         return {
@@ -176,6 +179,11 @@ class EstimateSettings:
             "checkpointing": self.memory.checkpointing,
             "micro_batch": self.memory.micro_batch,
             "spot": self.spot,
+            "num_gpus": 1,
+            "lora": adaptation.lora_rank,
+            "lora_targets": list(adaptation.lora_targets),
+            "base_weights": adaptation.base_weights,
+            "assumptions": list(self.assumptions),
         }
 
 
@@ -244,7 +252,10 @@ class Estimate:
             "model": {
                 "name": self.model.name,
                 "source": self.model.source,
-                "params": trace.params,
+                "params": trace.total_params or trace.params,
+                "trainable_params": trace.params,
+                "adapted": trace.adapted,
+                "origin": self.model.origin,
                 "forward_flops": trace.model_forward_flops(),
                 "train_step_flops": trace.flops(),
                 "train_step_bytes": trace.bytes_moved(),

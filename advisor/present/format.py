@@ -101,3 +101,12 @@ def fits_nowhere_message(model_name: str, settings: Any, devices: Sequence[Any])
     return (f"{model_name} does not fit on any of the {len(devices)} devices at batch {settings.batch_size} "
             f"({settings.precision}, {settings.optimizer}): it needs {gib(biggest.peak_bytes)} GiB, the "
             f"largest ({biggest.gpu_id}) has {gib(biggest.capacity_bytes)} GiB; try {fix}")
+
+
+def describe_params(trace: Any) -> str:
+    """"124 M parameters", or "8.03 G parameters, 3.41 M trainable" when part of the model is frozen."""
+    total = trace.total_params or trace.params
+    if total == trace.params:
+        return f"{count(total)} parameters"
+    return f"{count(total)} parameters, {count(trace.params)} trainable"
+
