@@ -125,7 +125,22 @@ def fit_plans(request: PlanRequest, db: HardwareDB, estimate: Estimate, faster_t
         if any(_same(best, plan.result) for plan in plans):
             continue
         plans.append(FitPlan(changes, "lora" in changes or "base_weights" in changes, best, request.spot))
-    return tuple(sorted(plans, key=lambda p: (p.changes_what_is_trained, p.result.time_to_train_s)))
+    kept = [plan for plan in plans if not any(_adds_nothing(plan, other) for other in plans if other is not plan)]
+    return tuple(sorted(kept, key=lambda p: (p.changes_what_is_trained, p.result.time_to_train_s)))
+
+
+WORTHWHILE = 0.95
+"""A plan that changes more than another must be this much faster (time ratio) or cheaper to be offered."""
+
+
+def _adds_nothing(plan: FitPlan, other: FitPlan) -> bool:
+    """`plan` makes every change `other` makes and more, without being clearly faster or cheaper."""
+    if not set(other.changes.items()) < set(plan.changes.items()):
+        return False
+    faster = plan.result.time_to_train_s < WORTHWHILE * other.result.time_to_train_s
+    cost, other_cost = plan.cost_usd, other.cost_usd
+    cheaper = cost is not None and other_cost is not None and cost < WORTHWHILE * other_cost
+    return not (faster or cheaper)
 
 
 def _bar(estimate: Estimate) -> DeviceEstimate | None:

@@ -216,8 +216,8 @@ def build_function(hub: HubConfig) -> Callable[[], Any]:
         config = transformers_config(hub)
         try:
             model = auto.from_config(config, attn_implementation="sdpa")
-        except (ValueError, ImportError):  # this architecture has no sdpa path: its default attention
-            model = auto.from_config(config)
+        except (ValueError, ImportError):  # this architecture has no sdpa path: its own attention
+            model = auto.from_config(transformers_config(hub), attn_implementation="eager")
         if getattr(model, "loss_type", "") is None and task_of(hub.config) == "causal":
             model.loss_type = "ForCausalLM"  # transformers' own fallback for a class name it does not map, unwarned
         if hub.config.get("tie_word_embeddings") is False:
