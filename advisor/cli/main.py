@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from advisor import __version__
-from advisor.cli import calibrate, estimate, gpus, memory, profile, report
+from advisor.cli import calibrate, estimate, gpus, memory, models, profile, report
 from advisor.cli.arguments import note, set_quiet
 from advisor.hardware.loader import load_hwdb
 from advisor.process import exit_now, report_exit, terminate_on_sigterm
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     estimate.add_parser(subparsers, [common])
     gpus.add_parser(subparsers, [common])
+    models.add_parser(subparsers, [common])
     profile.add_parser(subparsers, [common])
     memory.add_parser(subparsers, [common])
     calibrate.add_parser(subparsers, [common])

@@ -14,7 +14,10 @@ the same length.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -144,8 +147,8 @@ def _cached_config(repo_id: str) -> Path | None:
 
 def _config_from_hub(repo_id: str) -> dict[str, Any]:
     """config.json downloaded from the Hub; a UserError naming the catalog's closest names when it cannot be."""
-    closest = closest_matches(repo_id.lower(), catalog_names())
-    hint = (f"; the built-in catalog has {', '.join('hf:' + catalog_names()[c] for c in closest)}" if closest
+    closest = dict.fromkeys(catalog_names()[name] for name in closest_matches(repo_id.lower(), catalog_names()))
+    hint = (f"; the built-in catalog has {', '.join('hf:' + model_id for model_id in closest)}" if closest
             else "; `advisor models` lists the built-in catalog")
     unresolved = (f"cannot resolve 'hf:{repo_id}': it is not in the local Hugging Face cache nor in the "
                   "built-in catalog, and")
@@ -156,13 +159,45 @@ def _config_from_hub(repo_id: str) -> dict[str, Any]:
     except ImportError:
         raise UserError(f"{unresolved} huggingface_hub is not installed to ask the Hub "
                         f"(pip install 'gpu-advisor[hf]'){hint}") from None
+    if not _hub_reachable():
+        raise UserError(f"{unresolved} the Hub could not be reached{hint}")
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.CRITICAL)  # its own warning of the failed request would come before our sentence
     try:
         path = hf_hub_download(repo_id, "config.json")
     except Exception as exc:  # noqa: BLE001 - any failure to fetch is the same answer to the user
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{unresolved} the Hub did not give it ({type(exc).__name__}: {reason[:160]}){hint}") \
-            from None
+        raise UserError(f"{unresolved} the Hub did not give it ({_hub_failure(exc)}){hint}") from None
+    finally:
+        hub_logger.setLevel(level)
     return _read_config(Path(path))
+
+
+HUB_CONNECT_TIMEOUT_S = 3.0
+"""How long to wait for the Hub's address to answer before calling it unreachable (huggingface_hub itself retries
+an unreachable host for tens of seconds)."""
+
+
+def _hub_reachable() -> bool:
+    """Whether a TCP connection to the Hub ($HF_ENDPOINT, else huggingface.co) opens within HUB_CONNECT_TIMEOUT_S."""
+    endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=HUB_CONNECT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_failure(exc: Exception) -> str:
+    """Why the Hub did not give a file, in a few words."""
+    name = type(exc).__name__
+    if name in ("LocalEntryNotFoundError", "ConnectionError", "OfflineModeIsEnabled"):
+        return "it could not be reached"
+    if name in ("RepositoryNotFoundError", "GatedRepoError"):
+        return "no such public model; a gated one needs `huggingface-cli login`"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{name}: {first[:100]}" if first else name
 
 
 # --- building the model ---------------------------------------------------------------------------------
