@@ -471,6 +471,7 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "lora": ("16", "lora", 16),
     "lora_targets": ("q_proj, v_proj", "lora_targets", ("q_proj", "v_proj")),
     "base_weights": ("nf4", "base_weights", "nf4"),
+    "plans_mode": ("always", "plans", "always"),
 }
 
 
@@ -547,3 +548,37 @@ def test_every_cost_cell_shows_a_whole_figure(size: tuple[int, int]) -> None:
         assert {key.value: str(value) for key, value in zip(table.rows, cost)} == expected
 
     drive(scenario, size)
+
+
+WIDE_MODEL = '''
+import torch
+from torch import nn
+
+def build_model():
+    # 2 x 40,000 x 40,000 = 3.2 G weights: fp32 AdamW needs 16 B each (51 GB), more than an A100 40GB
+    return nn.Sequential(nn.Linear(40000, 40000, bias=False), nn.Linear(40000, 40000, bias=False))
+
+def example_input(batch_size):
+    return torch.randn(batch_size, 40000)
+'''
+
+
+def test_the_plans_tab_shows_ways_to_make_it_fit(tmp_path) -> None:
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE_MODEL)
+    app = AdvisorApp(DB, PlanRequest(model=str(model), gpus=("a100-sxm4-40gb",), batch_size=4))
+
+    async def started() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            await settled(pilot)  # the estimate's worker starts the advisor's
+            screen = app.screen
+            assert not screen.estimate.fitting
+            await pilot.press("4")
+            await pilot.pause()
+            assert screen.query_one(TabbedContent).active == "tab-plans"
+            plans = str(screen.query_one("#plans", Static).render())
+            assert "Ways to make it fit" in plans and "1. --" in plans and "a100-sxm4-40gb" in plans
+            assert "ways to make it fit: press 4" in status_text(app)
+
+    asyncio.run(started())

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 from advisor.app.plan import advise, plan
 from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
-from advisor.present.format import count, describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
+from advisor.present.format import describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
+from advisor.present.plans import plan_lines
 from advisor.present.ranking import SORT_KEYS, sort_results
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
@@ -92,24 +93,8 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
 
 
 def render_plans(estimate: Estimate, plans: Sequence[FitPlan]) -> list[str]:
-    """The fit advisor's section: "Ways to make it fit" when nothing fits, else "Cheaper or faster"."""
-    title = "Cheaper or faster" if estimate.fitting else "Ways to make it fit"
-    if not plans:
-        return ["", f"{title}: none found among micro-batching, checkpointing, 8-bit AdamW, bf16 and LoRA"]
-    spot = estimate.settings.spot
-    lines = ["", f"{title} (each traced and estimated; the fastest GPU it fits on):"]
-    for number, plan in enumerate(plans, 1):
-        result = plan.result
-        tokens = result.throughput_tokens_per_s
-        speed = f"{tokens:,.0f} tokens/s" if tokens is not None else \
-            f"{result.throughput:,.1f} {estimate.model.sample_unit}/s"
-        cost = plan.cost_usd
-        money_part = f", {money(cost)} USD{' spot' if spot else ''}" if cost is not None else ""
-        trained = " [changes what is trained]" if plan.changes_what_is_trained else ""
-        lines.append(f"{number}. {plan.flags}: {result.id}, {gib(result.memory.peak_bytes)} GiB of "
-                     f"{gib(result.memory.capacity_bytes)}, {speed}, {plan_duration(result.time_to_train_s)}"
-                     f"{money_part}{trained}")
-    return lines
+    """The fit advisor's section after the table (present/plans.py)."""
+    return [""] + plan_lines(estimate, plans)
 
 
 def fits_nowhere(estimate: Estimate) -> str:

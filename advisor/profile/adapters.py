@@ -16,7 +16,6 @@ integration keeps `lm_head` unquantized).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn

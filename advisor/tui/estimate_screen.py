@@ -36,8 +36,10 @@ from advisor.hardware.specs import HardwareDB
 from advisor.profile.background import ForkedCall
 from advisor.profile.model_file import builtin_examples
 from advisor.profile.choices import BASE_WEIGHTS, OPTIMIZER_CHOICES, PRECISIONS
-from advisor.app.plan import TracePair, plan
-from advisor.app.request import PlanRequest
+from advisor.app.fit import FitPlan
+from advisor.app.plan import TracePair, advise, plan
+from advisor.app.request import PLAN_MODES, PlanRequest
+from advisor.present.plans import plan_lines
 from advisor.tui.chart import points_of, scatter
 from advisor.tui.detail import DeviceDetail
 from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
@@ -74,6 +76,7 @@ class EstimateScreen(Screen):
         Binding("1", "show_tab('tab-devices')", "Devices", show=False),
         Binding("2", "show_tab('tab-detail')", "Detail", show=False),
         Binding("3", "show_tab('tab-chart')", "Chart", show=False),
+        Binding("4", "show_tab('tab-plans')", "Plans", show=False),
         Binding("escape", "show_tab('tab-devices')", "Results", show=False),
         Binding("r", "estimate", "Re-estimate"),
         Binding("x", "app.export", "Export"),
@@ -111,12 +114,12 @@ class EstimateScreen(Screen):
                 yield Input(_text(request.batch_size), placeholder="model's default", type="integer", id="batch")
                 yield Label("Precision")
                 yield Select([(p, p) for p in PRECISIONS], value=request.precision or NO_SELECTION,
-                             prompt="default (amp-bf16 for LLMs)", id="precision")
+                             prompt="default", id="precision")
                 yield Label("Optimizer")
                 yield Select([(o, o) for o in OPTIMIZER_CHOICES], value=request.optimizer or NO_SELECTION,
                              prompt="default", id="optimizer")
                 yield Label("LoRA rank")
-                yield Input(_text(request.lora), placeholder="none (full fine-tune)", type="integer", id="lora")
+                yield Input(_text(request.lora), placeholder="none", type="integer", id="lora")
                 yield Label("LoRA targets (a, b, ...)")
                 yield Input(", ".join(request.lora_targets), placeholder="attention defaults", id="lora_targets")
                 yield Label("Frozen base weights")
@@ -157,6 +160,9 @@ class EstimateScreen(Screen):
                 yield Label("CUDA context (MiB)")
                 yield Input(_text(request.cuda_context_mib), placeholder="the database's", type="number",
                             id="cuda_context_mib")
+                yield Label("Fit advisor")
+                yield Select([(mode, mode) for mode in PLAN_MODES], value=request.plans, allow_blank=False,
+                             id="plans_mode")
                 yield Label("Trace timeout s")
                 yield Input(_text(request.trace_timeout_s), type="number", id="trace_timeout_s")
             with Vertical(id="results"):
@@ -169,6 +175,9 @@ class EstimateScreen(Screen):
                         yield DeviceDetail(id="detail")
                     with TabPane("Time vs cost", id="tab-chart"):
                         yield Static(id="chart")
+                    with TabPane("Plans", id="tab-plans"):
+                        yield Static("The fit advisor searches when nothing fits (or always: Fit advisor in the "
+                                     "settings).", id="plans")
         yield Static(id="too-small")
         yield Footer()
 
@@ -228,10 +237,11 @@ class EstimateScreen(Screen):
             lora=parse_number(value("lora"), int, "LoRA rank"),
             lora_targets=tuple(t.strip() for t in value("lora_targets").split(",") if t.strip()),
             base_weights=chosen("base_weights"),
+            plans=str(chosen("plans_mode")),
         )
 
     @on(Input.Submitted)
-    @on(Select.Changed, "#precision, #optimizer, #provider, #base_weights")
+    @on(Select.Changed, "#precision, #optimizer, #provider, #base_weights, #plans_mode")
     @on(Switch.Changed)
     def _setting_changed(self) -> None:
         """Re-estimate when the form says something new (widgets also post Changed as they mount)."""
@@ -291,7 +301,41 @@ class EstimateScreen(Screen):
         progress("tracing the training step (started with the app)")
         return prefetched.result(timeout_s=PREFETCH_TIMEOUT_S)
 
+    @work(thread=True, exclusive=True, group="plans", exit_on_error=True)
+    def _run_plans(self, request: PlanRequest, estimate: Estimate) -> tuple[FitPlan, ...] | UserError:
+        """The fit advisor off the UI thread (each plan is a trace)."""
+        worker = get_current_worker()
+
+        def progress(message: str) -> None:
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self._plans_text, Text(f"searching: {message}…", style="bold"))
+
+        try:
+            return advise(request, self.db, estimate, progress)
+        except UserError as exc:
+            return exc
+
+    def _plans_text(self, text: Text) -> None:
+        self.query_one("#plans", Static).update(text)
+
+    def _show_plans(self, result: tuple[FitPlan, ...] | UserError) -> None:
+        estimate = self.estimate
+        if isinstance(result, UserError):
+            self._plans_text(Text(str(result), style="bold red"))
+            return
+        assert estimate is not None
+        lines = plan_lines(estimate, result)
+        text = Text(lines[0] + "\n", style="bold")
+        text.append("\n".join(lines[1:]))
+        self._plans_text(text)
+        if result and not estimate.fitting:
+            self._status(Text(f"{estimate.model.name} fits on no device as asked; {len(result)} ways to make it "
+                              "fit: press 4", style="bold red"))
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group == "plans" and event.state == WorkerState.SUCCESS:
+            self._show_plans(event.worker.result)
+            return
         if event.worker.group != "estimate" or event.state != WorkerState.SUCCESS:
             return
         self.set_class(False, "busy")
@@ -304,6 +348,13 @@ class EstimateScreen(Screen):
         self._fill_table()
         self._fill_chart()
         self._summary()
+        request = self.request
+        if request.plans == "always" or (request.plans == "auto" and not result.fitting):
+            self._plans_text(Text("searching for plans that fit…", style="bold"))
+            self._run_plans(request, result)
+        else:
+            self._plans_text(Text("Everything asked for fits; choose Fit advisor: always for faster or cheaper "
+                                  "ways."))
         if self.selected is not None and any(r.id == self.selected for r in result.results):
             self._show_detail(self.selected)
 
@@ -365,7 +416,8 @@ class EstimateScreen(Screen):
             best = estimate.fastest_to_buy_within(request.max_price_usd)
             text.append(f" · to buy within {money(request.max_price_usd)} USD: {best.id if best else 'no card'}")
         if not estimate.fitting:
-            text.append("\nthe model fits on no device: smaller batch, amp-bf16 or checkpointing", style="bold red")
+            text.append("\nthe model fits on no device as asked: the fit advisor is searching (Plans, key 4)",
+                        style="bold red")
         self._status(text)
 
     def _progress(self, message: str) -> None:
