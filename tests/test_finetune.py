@@ -220,3 +220,26 @@ def test_ways_to_make_it_fit_are_printed(tmp_path: Path, capsys: pytest.CaptureF
     code, out, err = run(capsys, "estimate", str(model), "--gpu", "a100-sxm4-40gb", "--precision", "fp32",
                          "--plans", "never")
     assert code == 2 and "Ways to make it fit" not in out
+
+
+def test_the_built_in_adapter_has_peft_s_parameters(tmp_path: Path) -> None:
+    """peft cannot wrap fake-tensor modules (its Module.to swaps fake parameters); the built-in adapter must
+    train what peft's would: the same parameters, shape for shape, on a real tiny GPT-2."""
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(TINY_GPT2))
+    config = hub.resolve_config(str(tmp_path))
+    wrapped = peft.get_peft_model(hub.build_function(config)(), peft.LoraConfig(r=4, target_modules=["c_attn"]))
+    theirs = sorted(tuple(p.shape) for p in wrapped.parameters() if p.requires_grad)
+    traced = trace_training_step(hub.build_function(config), hub.input_function(config.config), 1, "fp32",
+                                 "adamw", hub.model_loss, adaptation=Adaptation(lora_rank=4))
+    assert traced.params == sum(math.prod(shape) for shape in theirs) == 2_048
+
+
+def test_the_micro_batch_tried_is_the_largest_divisor_that_fits() -> None:
+    from advisor.app.fit import largest_micro_batch
+
+    assert largest_micro_batch(8, 3) == 2  # 3 does not divide 8; 2 does
+    assert largest_micro_batch(12, 5) == 4
+    assert largest_micro_batch(8, None) == 1 and largest_micro_batch(8, 0) == 1
+    assert largest_micro_batch(8, 100) == 8

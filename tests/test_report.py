@@ -147,7 +147,8 @@ def test_cli_errors_are_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_a_model_that_fits_nowhere_still_gets_its_report_and_exit_2(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.md"
-    assert main(["report", "mlp", "--gpu", "rtx-3060", "--batch-size", "1000000", "-o", str(out)]) == 2
+    assert main(["report", "mlp", "--gpu", "rtx-3060", "--batch-size", "1000000", "--plans", "never",
+                 "-o", str(out)]) == 2
     assert "does not fit on any of the 1 devices" in capsys.readouterr().err
     text = out.read_text()
     assert "**Does not fit** | `no device`" in text and "GiB short" in text

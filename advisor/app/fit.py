@@ -76,12 +76,20 @@ def flag_of(option: str, value: Any) -> str:
     return f"{flag} {','.join(value) if isinstance(value, tuple) else value}"
 
 
+def largest_micro_batch(batch_size: int, fits: int | None) -> int:
+    """The largest micro-batch that divides `batch_size` (gradient accumulation runs equal ones) and is at most
+    `fits` samples (the largest batch the memory line says fits; None or 0: 1)."""
+    return max((d for d in range(1, min(batch_size, fits or 1) + 1) if batch_size % d == 0), default=1)
+
+
 def candidate_changes(request: PlanRequest, model: ModelFile, precision: str, optimizer: str,
-                      batch_size: int) -> Iterator[dict[str, Any]]:
-    """Changes to try, the least intrusive first: each alone, then together; adapters last."""
+                      batch_size: int, fits: int | None = None) -> Iterator[dict[str, Any]]:
+    """Changes to try, the least intrusive first: each alone, then together; adapters last. `fits`: the largest
+    batch the request's own memory line says fits on the largest GPU (the micro-batch to try)."""
     steps: list[dict[str, Any]] = []
-    if batch_size > 1 and request.micro_batch != 1:
-        steps.append({"micro_batch": 1})
+    micro_batch = largest_micro_batch(batch_size, fits)
+    if micro_batch < batch_size and request.micro_batch != micro_batch:
+        steps.append({"micro_batch": micro_batch})
     if not request.checkpointing:
         steps.append({"checkpointing": True})
     if optimizer in ADAM_FAMILY:
@@ -114,8 +122,9 @@ def fit_plans(request: PlanRequest, db: HardwareDB, estimate: Estimate, faster_t
     targets = [t for t in targets_for(request, db) if t.device.kind == "gpu"]
     bar = _bar(estimate) if estimate.fitting else None
     plans: list[FitPlan] = []
+    fits = max((r.memory.max_batch_size or 0 for r in estimate.results), default=0)
     for traced, changes in enumerate(candidate_changes(request, model, memory.precision, memory.optimizer,
-                                                       memory.batch_size)):
+                                                       memory.batch_size, fits)):
         if traced >= MAX_PLAN_TRACES or len(plans) >= MAX_PLANS:
             break
         progress(f"trying {' '.join(flag_of(k, v) for k, v in changes.items())}")

@@ -70,12 +70,17 @@ def plan(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet, trac
     return estimate_model(model, db, targets, settings, progress=progress, trace=first, second=second)
 
 
+def advisor_runs(request: PlanRequest, estimate: Estimate) -> bool:
+    """Whether the fit advisor searches for `estimate`: always, or (auto) when nothing fits."""
+    return request.plans == "always" or (request.plans == "auto" and not estimate.fitting)
+
+
 def advise(request: PlanRequest, db: HardwareDB, estimate: Estimate, progress: Progress = _quiet) -> tuple[FitPlan, ...]:
     """The fit advisor's plans for `estimate` (the request's own) as request.plans says: when nothing fits
     ("auto"), also faster or cheaper ways ("always"), none ("never")."""
     from advisor.app.fit import fit_plans
 
-    if request.plans == "never" or (request.plans == "auto" and estimate.fitting):
+    if not advisor_runs(request, estimate):
         return ()
     return fit_plans(request, db.with_offers_from(request.provider), estimate, request.plans == "always", progress)
 

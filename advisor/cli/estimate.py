@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from advisor.app.plan import advise, plan
+from advisor.app.plan import advise, advisor_runs, plan
 from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
 from advisor.present.format import describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
@@ -82,10 +82,10 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         print(json.dumps(estimate.to_dict(args.top_ops) | {"plans": [p.to_dict() for p in plans]}, indent=2))
     else:
         print(render_estimate(estimate, args.sort, output_width(), output_format, request))
-        if output_format == "table" and (plans or request.plans == "always"):
+        if output_format == "table" and advisor_runs(request, estimate):
             print("\n".join(render_plans(estimate, plans)))
     if not estimate.fitting and not plans:
-        raise UserError(fits_nowhere(estimate))
+        raise UserError(fits_nowhere(estimate, "none found" if advisor_runs(request, estimate) else "not run"))
     if not estimate.fitting:
         note(f"as asked, {estimate.model.name} fits none of the {len(estimate.results)} devices; "
              "the ways to make it fit are listed")
@@ -97,9 +97,11 @@ def render_plans(estimate: Estimate, plans: Sequence[FitPlan]) -> list[str]:
     return [""] + plan_lines(estimate, plans)
 
 
-def fits_nowhere(estimate: Estimate) -> str:
-    """One sentence: what the model needs, the largest device, and what to change."""
-    return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results])
+def fits_nowhere(estimate: Estimate, advisor: str) -> str:
+    """One sentence: what the model needs, the largest device, and what to change (`advisor`: what the fit
+    advisor did, present.format.ADVICE_WITHOUT_SEARCH)."""
+    return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results],
+                                advisor)
 
 
 def columns(spot: bool, tokens: bool = False) -> list[Column]:

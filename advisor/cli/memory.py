@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     else:
         print(render_memory(plan, db))
     if not any(result.fits for result in plan.results):
-        raise UserError(fits_nowhere_message(plan.model_name, plan.settings, plan.results))
+        raise UserError(fits_nowhere_message(plan.model_name, plan.settings, plan.results, "memory"))
     return 0
 
 

@@ -6,10 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from advisor.cli.arguments import add_estimate_arguments, examples, request_from_arguments
+from advisor.app.plan import advise, advisor_runs
+from advisor.cli.arguments import add_estimate_arguments, examples, progress, request_from_arguments
 from advisor.cli.estimate import estimate_for, fits_nowhere
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
+from advisor.process import user_output_to_stderr
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -38,10 +40,13 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     report_format(args.output)  # a bad file name is an error before seconds of tracing
     request = request_from_arguments(args)
     estimate = estimate_for(request, db)
-    report = build_report(estimate, db, request.budget_usd, request.deadline_s, max_price_usd=request.max_price_usd)
+    with user_output_to_stderr():
+        plans = advise(request, db, estimate, progress)
+    report = build_report(estimate, db, request.budget_usd, request.deadline_s, max_price_usd=request.max_price_usd,
+                          plans=plans if advisor_runs(request, estimate) else None)
     written = write_report(report, args.output)
     print(f"advisor: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     print(args.output)
-    if not estimate.fitting:  # the report says so too; scripts see it in the exit code, as with `estimate`
-        raise UserError(fits_nowhere(estimate))
+    if not estimate.fitting and not plans:  # the report says so too; scripts see it in the exit code
+        raise UserError(fits_nowhere(estimate, "none found" if advisor_runs(request, estimate) else "not run"))
     return 0

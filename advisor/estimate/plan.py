@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from advisor.estimate.costs import SECONDS_PER_HOUR, CloudCost, Job, Ownership, cloud_costs, ownership, pareto_front
-from advisor.estimate.step import StepTime, estimate_records
+from advisor.estimate.step import StepTime, estimate_accumulated, estimate_records
 from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
@@ -280,11 +280,11 @@ def step_time(trace: StepTrace, settings: MemorySettings, target: EstimateTarget
     """Time of one optimizer step on `target`; with gradient accumulation, the traced micro-batch's
     forward and backward run accumulation_steps times before the one optimizer step."""
     records = trace.records
-    if settings.accumulate_gradients:
-        repeats = settings.accumulation_steps
-        micro = [r for r in records if r.phase != "optimizer"]
-        records = tuple(micro) * repeats + tuple(r for r in records if r.phase == "optimizer")
-    return estimate_records(records, trace.precision, target.device)
+    if not settings.accumulate_gradients:
+        return estimate_records(records, trace.precision, target.device)
+    micro = [r for r in records if r.phase != "optimizer"]
+    optimizer = [r for r in records if r.phase == "optimizer"]
+    return estimate_accumulated(micro, optimizer, settings.accumulation_steps, trace.precision, target.device)
 
 
 def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...]:

@@ -21,8 +21,8 @@ host has issued it, so a step of many small ops waits on the host (overhead-boun
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
@@ -344,3 +344,43 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
     total = sum(by_bound.values())
     assert abs(total - device_clock) <= 1e-9 * max(1.0, total), (total, device_clock)
     return StepTime(device.id, device_clock, by_bound, profile.status, profile.device_name, tuple(ops))
+
+
+SIMULATED_REPEATS = 4
+"""Micro-batches of a gradient-accumulation step timed op by op; the host and device clocks are in their
+steady state by the last of them, so each further micro-batch takes as long as it."""
+
+
+def estimate_accumulated(micro: Sequence[OpRecord], optimizer: Sequence[OpRecord], repeats: int, precision: str,
+                         device: DeviceModel) -> StepTime:
+    """Time of `repeats` forward/backward passes (`micro`'s ops) then one optimizer step: the first
+    min(repeats, SIMULATED_REPEATS) timed in order, the last of them standing for every further one (its ops'
+    times multiplied), so a step of 2^20 micro-batches costs what one of 4 does."""
+    simulated = min(repeats, SIMULATED_REPEATS)
+    step = estimate_records(tuple(micro) * simulated + tuple(optimizer), precision, device)
+    extra = repeats - simulated
+    if extra == 0:
+        return step
+    optimizer_ops = sum(1 for op in step.ops if op.phase == "optimizer")
+    body = len(step.ops) - optimizer_ops
+    assert optimizer_ops == 0 or all(op.phase == "optimizer" for op in step.ops[body:]), "optimizer ops come last"
+    per_repeat = body // simulated
+    assert per_repeat * simulated == body, "every micro-batch lowers to the same kernels"
+    last = range(body - per_repeat, body)
+    by_bound = dict(step.by_bound)
+    ops = list(step.ops)
+    for index in last:
+        op = ops[index]
+        by_bound["overhead"] += extra * op.wait_s
+        by_bound["compute" if op.compute_s >= op.memory_s else "memory"] += extra * op.kernel_s
+        ops[index] = _times(op, 1 + extra)
+    step_s = sum(by_bound.values())
+    return StepTime(step.device_id, step_s, by_bound, step.calibration, step.calibration_source, tuple(ops))
+
+
+def _times(op: OpTime, factor: int) -> OpTime:
+    """`op` standing for `factor` calls of itself."""
+    return replace(op, flops=op.flops * factor, bytes=op.bytes * factor, compute_s=op.compute_s * factor,
+                   memory_s=op.memory_s * factor, kernel_s=op.kernel_s * factor, host_s=op.host_s * factor,
+                   wait_s=op.wait_s * factor, layout_s=op.layout_s * factor)
+

@@ -91,16 +91,27 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / units.GIB:.1f}"
 
 
-def fits_nowhere_message(model_name: str, settings: Any, devices: Sequence[Any]) -> str:
+ADVICE_WITHOUT_SEARCH = {
+    "not run": "`--plans auto` traces the settings that would fit",
+    "memory": "`advisor estimate` with the same flags traces the settings that would fit",
+    "none found": "none of the fit advisor's settings (micro-batching, checkpointing, 8-bit AdamW, pure bf16, "
+                  "LoRA, a 4-bit base) fits either: it needs a GPU with more memory, or several",
+}
+"""What the sentence suggests when the batch is not the problem, by what the fit advisor did."""
+
+
+def fits_nowhere_message(model_name: str, settings: Any, devices: Sequence[Any], advisor: str = "not run") -> str:
     """One sentence when a model fits no device: what it needs, the largest device, what to change.
-    `settings` is a MemorySettings, `devices` DeviceMemory records (advisor.memory)."""
+    `settings` is a MemorySettings, `devices` DeviceMemory records (advisor.memory); `advisor` what the fit
+    advisor did (a key of ADVICE_WITHOUT_SEARCH)."""
     biggest = max(devices, key=lambda d: d.capacity_bytes)
-    fix = "--precision amp-bf16, --checkpointing, or a smaller --batch-size"
+    fix = ADVICE_WITHOUT_SEARCH[advisor]
     if biggest.max_batch_size:
-        fix = f"--batch-size {biggest.max_batch_size} or less (on {biggest.gpu_id}), --checkpointing, or amp-bf16"
+        fix = (f"--batch-size {biggest.max_batch_size} or less (on {biggest.gpu_id}), or keep the batch with "
+               f"--micro-batch (gradient accumulation)")
     return (f"{model_name} does not fit on any of the {len(devices)} devices at batch {settings.batch_size} "
             f"({settings.precision}, {settings.optimizer}): it needs {gib(biggest.peak_bytes)} GiB, the "
-            f"largest ({biggest.gpu_id}) has {gib(biggest.capacity_bytes)} GiB; try {fix}")
+            f"largest ({biggest.gpu_id}) has {gib(biggest.capacity_bytes)} GiB; {'try ' if biggest.max_batch_size else ''}{fix}")
 
 
 def describe_params(trace: Any) -> str:

@@ -10,16 +10,21 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from advisor import __version__, units
-from advisor.present.format import count, duration, money, percent, plan_duration, si
+from advisor.present.format import describe_params, duration, money, percent, plan_duration, si
+from advisor.present.plans import SEARCHED, plan_line, plans_title
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB, Source
 from advisor.paths import shipped_dir
 from advisor.report.charts import Chart, all_charts
+
+if TYPE_CHECKING:
+    from advisor.app.fit import FitPlan
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "overhead")
 TOP_OPS = 8
@@ -92,6 +97,10 @@ class Report:
     """The price sources the offers cite."""
     assumptions: tuple[str, ...]
     accuracy: tuple[str, ...]
+    plans_title: str = ""
+    """"Ways to make it fit" or "Cheaper or faster" when the fit advisor ran, else ""."""
+    plans: tuple[str, ...] = ()
+    """One line per plan (present/plans.py), or one that says none was found."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,9 +108,10 @@ class Report:
 
 def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = None, deadline_s: float | None = None,
                  accuracy_file: Path | None = None, now: dt.datetime | None = None,
-                 max_price_usd: float | None = None) -> Report:
+                 max_price_usd: float | None = None, plans: Sequence[FitPlan] | None = None) -> Report:
     """The report for `estimate` (made with `db`, whose sources the offers cite); `budget_usd`,
-    `deadline_s` and `max_price_usd` (a card's purchase budget) add the best choice under them."""
+    `deadline_s` and `max_price_usd` (a card's purchase budget) add the best choice under them; `plans`
+    (the fit advisor's, None when it did not run) a section of their own."""
     offers = tuple(_offers(estimate))
     model, trace, settings = estimate.model, estimate.trace, estimate.settings
     memory = settings.memory
@@ -113,8 +123,8 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
         created=created.isoformat(),
         generator=f"gpu-advisor {__version__}",
         model_lines=(
-            ("Model", f"{model.name} ({model.source})"),
-            ("Parameters", count(trace.params)),
+            ("Model", f"{model.name} ({model.origin or model.source})"),
+            ("Parameters", describe_params(trace).removesuffix(" parameters").replace(" parameters, ", ", ")),
             ("Forward pass", f"{si(trace.model_forward_flops(), 'FLOP')} at batch {memory.traced_batch}"),
             ("Training step", f"{si(trace.flops(), 'FLOP')}, {si(trace.bytes_moved(), 'B')} moved "
                               f"(batch {memory.traced_batch}; 2 FLOPs per multiply-add)"),
@@ -132,6 +142,9 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
         sources=tuple(db.source(key) for key in sorted({o.source for o in offers})),
         assumptions=tuple(_assumptions(estimate)),
         accuracy=tuple(accuracy_lines(accuracy_file)),
+        plans_title="" if plans is None else plans_title(estimate),
+        plans=() if plans is None else (tuple(plan_line(estimate, plan) for plan in plans)
+                                        or (f"None found among {SEARCHED}.",)),
     )
 
 
@@ -202,6 +215,9 @@ def _settings_lines(estimate: Estimate) -> tuple[tuple[str, str], ...]:
         ("Precision", memory.precision),
         ("Optimizer", memory.optimizer),
         ("Activation checkpointing", "yes" if memory.checkpointing else "no"),
+        *((("Sequence length", f"{settings.seq_len:,} tokens"),) if settings.seq_len is not None else ()),
+        *((("Fine-tuning", estimate.trace.adapted),) if estimate.trace.adapted else ()),
+        *((("Assumed", "; ".join(settings.assumptions)),) if settings.assumptions else ()),
         ("Job", settings.job.describe(memory.batch_size, estimate.model.sample_unit)),
         ("Cloud prices ranked", "spot" if settings.spot else "on demand"),
     )

@@ -70,7 +70,7 @@ class AdvisorApp(App):
             if paths:
                 self.notify("wrote " + ", ".join(str(p) for p in paths), title="Exported")
 
-        self.push_screen(ExportScreen(screen.estimate, self.db, screen.request), written)
+        self.push_screen(ExportScreen(screen.estimate, self.db, screen.request, screen.plans), written)
 
     def estimate_action(self, name: str) -> None:
         """Run an action of the estimate screen (from the command palette)."""

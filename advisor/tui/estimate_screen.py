@@ -37,7 +37,7 @@ from advisor.profile.background import ForkedCall
 from advisor.profile.model_file import builtin_examples
 from advisor.profile.choices import BASE_WEIGHTS, OPTIMIZER_CHOICES, PRECISIONS
 from advisor.app.fit import FitPlan
-from advisor.app.plan import TracePair, advise, plan
+from advisor.app.plan import TracePair, advise, advisor_runs, plan
 from advisor.app.request import PLAN_MODES, PlanRequest
 from advisor.present.plans import plan_lines
 from advisor.tui.chart import points_of, scatter
@@ -95,6 +95,8 @@ class EstimateScreen(Screen):
         self.prefetched = prefetched
         """The first request's traces, started in a forked child before the app (see prefetch_traces)."""
         self.estimate: Estimate | None = None
+        self.plans: tuple[FitPlan, ...] | None = None
+        """The fit advisor's plans for the estimate shown; None while it has not run."""
         self.sort = "time"
         self.selected: str | None = None
         self.settings_shown: bool | None = None
@@ -324,6 +326,7 @@ class EstimateScreen(Screen):
             self._plans_text(Text(str(result), style="bold red"))
             return
         assert estimate is not None
+        self.plans = result
         lines = plan_lines(estimate, result)
         text = Text(lines[0] + "\n", style="bold")
         text.append("\n".join(lines[1:]))
@@ -349,7 +352,8 @@ class EstimateScreen(Screen):
         self._fill_chart()
         self._summary()
         request = self.request
-        if request.plans == "always" or (request.plans == "auto" and not result.fitting):
+        self.plans = None
+        if advisor_runs(request, result):
             self._plans_text(Text("searching for plans that fit…", style="bold"))
             self._run_plans(request, result)
         else:

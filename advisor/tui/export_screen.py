@@ -18,18 +18,23 @@ from advisor.estimate.plan import Estimate
 from advisor.hardware.specs import HardwareDB
 from advisor.report.content import build_report
 from advisor.report.render import check_folder, write_atomically, write_report
+from advisor.app.fit import FitPlan
 from advisor.app.request import PlanRequest
 
 SUFFIXES = {"export-html": ".html", "export-md": ".md", "export-json": ".json"}
 
 
-def export(estimate: Estimate, db: HardwareDB, request: PlanRequest, path: Path) -> list[Path]:
-    """Write `estimate` to `path` by its suffix (.html, .md, .json); the files written."""
+def export(estimate: Estimate, db: HardwareDB, request: PlanRequest, path: Path,
+           plans: tuple[FitPlan, ...] | None = None) -> list[Path]:
+    """Write `estimate` (and the fit advisor's `plans`, None when it did not run) to `path` by its suffix
+    (.html, .md, .json); the files written."""
     if path.suffix == ".json":
         check_folder(path)
-        write_atomically(path, json.dumps(estimate.to_dict(), indent=2) + "\n")
+        document = estimate.to_dict() | {"plans": [plan.to_dict() for plan in plans or ()]}
+        write_atomically(path, json.dumps(document, indent=2) + "\n")
         return [path]
-    report = build_report(estimate, db, request.budget_usd, request.deadline_s, max_price_usd=request.max_price_usd)
+    report = build_report(estimate, db, request.budget_usd, request.deadline_s, max_price_usd=request.max_price_usd,
+                          plans=plans)
     return write_report(report, path)
 
 
@@ -38,9 +43,10 @@ class ExportScreen(ModalScreen["list[Path] | None"]):
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
 
-    def __init__(self, estimate: Estimate, db: HardwareDB, request: PlanRequest) -> None:
+    def __init__(self, estimate: Estimate, db: HardwareDB, request: PlanRequest,
+                 plans: tuple[FitPlan, ...] | None = None) -> None:
         super().__init__()
-        self.estimate, self.db, self.request = estimate, db, request
+        self.estimate, self.db, self.request, self.plans = estimate, db, request, plans
 
     def compose(self) -> ComposeResult:
         with Vertical(id="export"):
@@ -62,7 +68,7 @@ class ExportScreen(ModalScreen["list[Path] | None"]):
         path = Path(self.query_one("#export-path", Input).value.strip()).expanduser()
         path = path.with_suffix(SUFFIXES[event.button.id])
         try:
-            written = export(self.estimate, self.db, self.request, path)
+            written = export(self.estimate, self.db, self.request, path, self.plans)
         except UserError as exc:
             self.query_one("#export-error", Static).update(str(exc))
             return
