@@ -18,7 +18,7 @@ machine), from one training step traced on fake tensors and each device's calibr
 |---|---|
 | `s` | show or hide the settings |
 | `Enter` (Devices tab) | detail of the device: memory bar, top ops, cloud offers, buying |
-| `1` `2` `3` | the Devices, Detail and Time-vs-cost tabs |
+| `1` `2` `3` `4` | the Devices, Detail, Time-vs-cost and Plans tabs (Plans: the fit advisor's ways to make it fit, or cheaper or faster ones) |
 | `o` / click a column header | sort: time, cost, throughput, memory, name (also on the GPU list) |
 | `Escape` | back (from the GPU list, this machine, help, export) |
 | `r` | re-estimate now |
