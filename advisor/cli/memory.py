@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from advisor import units
 from advisor.app.plan import plan_memory_only
 from advisor.cli.arguments import add_memory_arguments, add_model_arguments, examples, progress, request_from_arguments
-from advisor.present.format import fits_nowhere_message
+from advisor.present.format import describe_params, fits_nowhere_message
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
@@ -64,10 +64,14 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
     if settings.accumulate_gradients:
         batch += f" as {settings.accumulation_steps} micro-batches of {settings.micro_batch} (gradient accumulation)"
     options = f", activation checkpointing of {len(plan.checkpointed)} blocks" if settings.checkpointing else ""
+    if plan.trace is not None and plan.trace.adapted:
+        options += f", {plan.trace.adapted}"
     parts = ", ".join(f"{key} {gib(value)}" for key, value in step.by_category.items() if value)
     per_forward = "micro-batch" if settings.accumulate_gradients else "batch"
     lines = [
-        f"Model: {plan.model_name}, {plan.params:,} trainable parameters; {batch}, {settings.precision}, "
+        f"Model: {plan.model_name}, "
+        f"{describe_params(plan.trace) if plan.trace else f'{plan.params:,} trainable parameters'}; {batch}, "
+        f"{settings.precision}, "
         f"{describe_optimizer(settings.optimizer, plan.trace.optimizer_class if plan.trace else '')}{options}",
         f"Tensors at the peak ({step.peak_phase}): {gib(step.tensor_peak)} GiB = {parts}; "
         f"caching allocator reserve {gib(step.reserved)} GiB (max_memory_reserved, before the cuBLAS workspace)",
