@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 SAMPLE_UNIT = "sequences"
 BATCH_SIZE = 1
+TRAIN_TOKENS = 10_000_000  # a fine-tuning set of Alpaca's size (52 k instructions); --tokens to change
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from advisor.hardware.specs import HardwareDB
 
 if TYPE_CHECKING:
     from advisor.estimate.plan import DeviceEstimate, Estimate
-    from advisor.profile.model_file import ModelFile
 
 MAX_PLAN_TRACES = 8
 """Candidates traced at most: each is one trace of the model (seconds for a 7B model)."""
@@ -71,8 +70,6 @@ def flag_of(option: str, value: Any) -> str:
     flag = "--" + option.replace("_", "-")
     if value is True:
         return flag
-    if option == "lora":
-        return f"--lora {value}"
     return f"{flag} {','.join(value) if isinstance(value, tuple) else value}"
 
 
@@ -82,8 +79,8 @@ def largest_micro_batch(batch_size: int, fits: int | None) -> int:
     return max((d for d in range(1, min(batch_size, fits or 1) + 1) if batch_size % d == 0), default=1)
 
 
-def candidate_changes(request: PlanRequest, model: ModelFile, precision: str, optimizer: str,
-                      batch_size: int, fits: int | None = None) -> Iterator[dict[str, Any]]:
+def candidate_changes(request: PlanRequest, precision: str, optimizer: str, batch_size: int,
+                      fits: int | None = None) -> Iterator[dict[str, Any]]:
     """Changes to try, the least intrusive first: each alone, then together; adapters last. `fits`: the largest
     batch the request's own memory line says fits on the largest GPU (the micro-batch to try)."""
     steps: list[dict[str, Any]] = []
@@ -113,17 +110,16 @@ def fit_plans(request: PlanRequest, db: HardwareDB, estimate: Estimate, faster_t
               progress: Callable[[str], None] = lambda message: None) -> tuple[FitPlan, ...]:
     """Plans that fit, fastest first: when nothing fits `estimate` (the request's own), the ways to make it
     fit; with `faster_too`, also those faster or cheaper than its best device."""
-    from advisor.app.plan import request_model, targets_for
+    from advisor.app.plan import targets_for
 
     if estimate.fitting and not faster_too:
         return ()
-    model = request_model(request)
     memory = estimate.settings.memory
     targets = [t for t in targets_for(request, db) if t.device.kind == "gpu"]
     bar = _bar(estimate) if estimate.fitting else None
     plans: list[FitPlan] = []
     fits = max((r.memory.max_batch_size or 0 for r in estimate.results), default=0)
-    for traced, changes in enumerate(candidate_changes(request, model, memory.precision, memory.optimizer,
+    for traced, changes in enumerate(candidate_changes(request, memory.precision, memory.optimizer,
                                                        memory.batch_size, fits)):
         if traced >= MAX_PLAN_TRACES or len(plans) >= MAX_PLANS:
             break

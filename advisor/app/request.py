@@ -91,7 +91,7 @@ class PlanRequest:
     lora_targets: tuple[str, ...] = ()
     """Names of the Linear layers LoRA adapts ("all-linear": every one but the head); (): the attention defaults."""
     base_weights: str | None = None
-    """How the frozen base is stored (BASE_WEIGHTS); None: bf16 under a 16-bit precision with --lora, else as
+    """How the frozen base is stored (BASE_WEIGHTS); None: bf16 under amp-bf16 with --lora, else as
     the precision stores weights."""
     plans: str = "auto"
     """The fit advisor (app/fit.py): "auto" searches when nothing fits, "always" also for faster or cheaper
@@ -143,13 +143,13 @@ class PlanRequest:
         return LANGUAGE_MODEL_PRECISION if model.seq_len is not None else DEFAULT_PRECISION
 
     def adaptation(self, precision: str) -> Adaptation:
-        """--lora, --lora-targets and --base-weights; with --lora under a 16-bit precision the frozen base is
-        bf16 unless --base-weights says otherwise (from_pretrained(torch_dtype=torch.bfloat16), as fine-tuning
-        scripts load it)."""
+        """--lora, --lora-targets and --base-weights; with --lora under amp-bf16 the frozen base is bf16 unless
+        --base-weights says otherwise (from_pretrained(torch_dtype=torch.bfloat16), as fine-tuning scripts load
+        it; under pure bf16 it is bf16 anyway)."""
         from advisor.profile.adapters import Adaptation
 
         base = self.base_weights
-        if base is None and self.lora is not None and precision in BF16_BASE_PRECISIONS and precision != "bf16":
+        if base is None and self.lora is not None and precision == "amp-bf16":
             base = "bf16"
         return Adaptation(self.lora, self.lora_targets, base)
 

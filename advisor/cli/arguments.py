@@ -173,7 +173,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-weights", choices=BASE_WEIGHTS,
                         help="how the frozen base is stored: bf16, or its Linear layers in bitsandbytes' 4-bit "
                              "NormalFloat (nf4; nf4-dq: double quantization, QLoRA) or LLM.int8 (int8); default "
-                             "bf16 with --lora under a 16-bit precision")
+                             "bf16 with --lora under amp-bf16")
     parser.add_argument("--trace-timeout", type=bounded_float(MAX_TRACE_TIMEOUT_S, allow_zero=True),
                         default=DEFAULT_TRACE_TIMEOUT_S, metavar="SECONDS",
                         help=f"stop tracing a step that takes longer (default {DEFAULT_TRACE_TIMEOUT_S:g}; 0: no limit)")
