@@ -579,6 +579,6 @@ def test_the_plans_tab_shows_ways_to_make_it_fit(tmp_path) -> None:
             assert screen.query_one(TabbedContent).active == "tab-plans"
             plans = str(screen.query_one("#plans", Static).render())
             assert "Ways to make it fit" in plans and "1. --" in plans and "a100-sxm4-40gb" in plans
-            assert "ways to make it fit: press 4" in status_text(app)
+            assert "to make it fit: press 4" in status_text(app)
 
     asyncio.run(started())

@@ -332,8 +332,9 @@ class EstimateScreen(Screen):
         text.append("\n".join(lines[1:]))
         self._plans_text(text)
         if result and not estimate.fitting:
-            self._status(Text(f"{estimate.model.name} fits on no device as asked; {len(result)} ways to make it "
-                              "fit: press 4", style="bold red"))
+            ways = f"{len(result)} way{'' if len(result) == 1 else 's'}"
+            self._status(Text(f"{estimate.model.name} fits on no device as asked; {ways} to make it fit: press 4",
+                              style="bold red"))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.group == "plans" and event.state == WorkerState.SUCCESS:
