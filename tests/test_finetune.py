@@ -243,3 +243,15 @@ def test_the_micro_batch_tried_is_the_largest_divisor_that_fits() -> None:
     assert largest_micro_batch(12, 5) == 4
     assert largest_micro_batch(8, None) == 1 and largest_micro_batch(8, 0) == 1
     assert largest_micro_batch(8, 100) == 8
+
+
+@pytest.mark.slow
+def test_the_report_has_the_ways_to_make_it_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE)
+    out = tmp_path / "plan.md"
+    code, _, err = run(capsys, "report", str(model), "--gpu", "a100-sxm4-40gb", "--precision", "fp32", "-o", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    assert "## Ways to make it fit" in text and "\n1. " in text
+    assert "Does not fit as asked; fits with" in text

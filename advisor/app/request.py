@@ -186,7 +186,8 @@ class PlanRequest:
             return Job(steps=self.steps)
         tokens, origin = self.tokens, "--tokens"
         if tokens is None and self.samples is None and model.train_tokens is not None:
-            tokens, origin = model.train_tokens, "the model file's TRAIN_TOKENS"
+            tokens = model.train_tokens
+            origin = "the default job of a model by name" if model.origin else "the model file's TRAIN_TOKENS"
         if tokens is None:
             return Job.over_samples(self.samples, self.epochs or 1.0, model.train_samples)
         if model.seq_len is None:

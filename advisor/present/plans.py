@@ -22,6 +22,11 @@ def plans_title(estimate: Estimate) -> str:
 
 def plan_line(estimate: Estimate, plan: FitPlan) -> str:
     """"--micro-batch 1 --checkpointing: a10g, 19.9 GiB of 24.0, 913 tokens/s, 3.0 h, 3.06 USD"."""
+    return f"{plan.flags}: {plan_outcome(estimate, plan)}"
+
+
+def plan_outcome(estimate: Estimate, plan: FitPlan) -> str:
+    """"a10g, 19.9 GiB of 24.0, 913 tokens/s, 3.0 h, 3.06 USD": where the plan fits and what it gives."""
     result = plan.result
     tokens = result.throughput_tokens_per_s
     speed = f"{tokens:,.0f} tokens/s" if tokens is not None else \
@@ -29,7 +34,7 @@ def plan_line(estimate: Estimate, plan: FitPlan) -> str:
     cost = plan.cost_usd
     money_part = f", {money(cost)} USD{' spot' if plan.spot else ''}" if cost is not None else ""
     trained = " [changes what is trained]" if plan.changes_what_is_trained else ""
-    return (f"{plan.flags}: {result.id}, {gib(result.memory.peak_bytes)} GiB of {gib(result.memory.capacity_bytes)}, "
+    return (f"{result.id}, {gib(result.memory.peak_bytes)} GiB of {gib(result.memory.capacity_bytes)}, "
             f"{speed}, {plan_duration(result.time_to_train_s)}{money_part}{trained}")
 
 

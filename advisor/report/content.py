@@ -17,7 +17,7 @@ import yaml
 
 from advisor import __version__, units
 from advisor.present.format import describe_params, duration, money, percent, plan_duration, si
-from advisor.present.plans import SEARCHED, plan_line, plans_title
+from advisor.present.plans import SEARCHED, plan_line, plan_outcome, plans_title
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB, Source
 from advisor.paths import shipped_dir
@@ -130,7 +130,7 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
                               f"(batch {memory.traced_batch}; 2 FLOPs per multiply-add)"),
         ),
         settings_lines=_settings_lines(estimate),
-        recommendations=tuple(recommendations(estimate, budget_usd, deadline_s, max_price_usd)),
+        recommendations=tuple(recommendations(estimate, budget_usd, deadline_s, max_price_usd, plans or ())),
         lead_device=lead.id,
         memory_parts=_memory_parts(lead),
         time_bounds=_time_bounds(lead),
@@ -149,9 +149,10 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
 
 
 def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: float | None,
-                    max_price_usd: float | None = None) -> list[Recommendation]:
+                    max_price_usd: float | None = None, plans: Sequence[FitPlan] = ()) -> list[Recommendation]:
     """Fastest, cheapest to rent, best value to buy, and the best under the budget or deadline given,
-    each with its reason in one line; the devices are the estimator's own ranking."""
+    each with its reason in one line; the devices are the estimator's own ranking. When nothing fits, the
+    fit advisor's first plan (`plans`), if any."""
     spot = estimate.settings.spot
     kind = "spot" if spot else "on demand"
     unit = estimate.model.sample_unit
@@ -198,7 +199,12 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         found.append(Recommendation(title, best.id, f"{money(best.job_cost_usd(spot))} USD ({kind}), done in "
                                     f"{plan_duration(best.time_to_train_s)}") if best is not None
                      else Recommendation(title, "no device", "no rentable device finishes the job by the deadline"))
-    if not estimate.fitting:
+    if not estimate.fitting and plans:
+        first = plans[0]
+        found.append(Recommendation("Does not fit as asked; fits with", first.result.id,
+                                    f"{first.flags} ({plan_outcome(estimate, first)}); "
+                                    "see Ways to make it fit"))
+    elif not estimate.fitting:
         found.append(Recommendation("Does not fit", "no device",
                                     "the model fits on none of the devices at these settings; see the memory chart"))
     return found
