@@ -114,6 +114,20 @@ def test_traces_are_shared_by_requests_that_differ_only_after_the_trace() -> Non
     base = PlanRequest(model="mlp", batch_size=8)
     assert not base.traces_differ(PlanRequest(model="mlp", batch_size=8, gpus=("h100-sxm",), spot=True, steps=5))
     assert base.traces_differ(PlanRequest(model="mlp", batch_size=16))
+    assert base.trace_key() == PlanRequest(model="mlp", batch_size=8, provider="lambda", epochs=3).trace_key()
+    assert base.trace_key() != PlanRequest(model="mlp", batch_size=8, lora=4).trace_key()
+
+
+def test_an_edited_model_file_is_traced_again(tmp_path: Path) -> None:
+    import os
+
+    model = tmp_path / "m.py"
+    model.write_text("# one\n")
+    before = PlanRequest(model=str(model)).trace_key()
+    assert PlanRequest(model=str(model), spot=True).trace_key() == before
+    model.write_text("# two, longer\n")
+    os.utime(model, ns=(1, 1))  # a different modification time too, whatever the clock's resolution
+    assert PlanRequest(model=str(model)).trace_key() != before
 
 
 def test_every_package_is_installed() -> None:

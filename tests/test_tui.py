@@ -582,3 +582,41 @@ def test_the_plans_tab_shows_ways_to_make_it_fit(tmp_path) -> None:
             assert "to make it fit: press 4" in status_text(app)
 
     asyncio.run(started())
+
+
+def test_a_change_of_gpus_or_prices_reuses_the_traced_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices, provider, spot and the job do not change the traced step: the screen's second estimate
+    reuses it (no trace runs), a batch change traces again (PlanRequest.trace_key)."""
+    import advisor.estimate.plan as estimate_plan
+
+    traced: list[int] = []
+    original = estimate_plan.trace_both_batches
+
+    def counting(model, settings, *args, **kwargs):
+        traced.append(settings.batch_size)
+        return original(model, settings, *args, **kwargs)
+
+    monkeypatch.setattr(estimate_plan, "trace_both_batches", counting)
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        from textual.widgets import Switch
+
+        screen = app.screen
+        first = len(traced)
+        messages: list[str] = []
+        monkeypatch.setattr(screen, "_progress", messages.append)
+        screen.query_one("#gpus", Input).value = "t4, a10g"
+        screen.query_one("#spot", Switch).value = True
+        screen.query_one("#samples", Input).value = "1000"
+        screen.action_estimate()
+        await settled(pilot)
+        assert sorted(r.id for r in screen.estimate.results) == ["a10g", "t4"]
+        assert screen.estimate.settings.spot and screen.estimate.settings.job.samples == 1000
+        assert len(traced) == first, "only devices, prices and the job changed: no new trace"
+        assert any("traced already" in message for message in messages)
+        screen.query_one("#batch", Input).value = "32"
+        screen.action_estimate()
+        await settled(pilot)
+        assert traced[-1] == 32, "a batch change traces the step again"
+
+    drive(scenario)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from advisor import units
@@ -212,6 +213,16 @@ class PlanRequest:
         if self.base_weights is None and self.adaptation(precision).base_weights == "bf16":
             chosen.append("frozen base in bf16, as fine-tuning scripts load it (--base-weights)")
         return tuple(chosen)
+
+    def trace_key(self) -> tuple[Any, ...]:
+        """What the traced step depends on: TRACE_FIELDS' values and, for a model file, its modification
+        time and size (an edited file traces again). Equal keys: the traces can be reused."""
+        path = Path(self.model).expanduser() if self.model else None
+        stamp = None
+        if path is not None and path.is_file():
+            stat = path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        return tuple(getattr(self, name) for name in TRACE_FIELDS) + (stamp,)
 
     def traces_differ(self, other: PlanRequest) -> bool:
         """Whether `other`'s step traces differently (TRACE_FIELDS differ): else its traces can be reused."""

@@ -196,6 +196,9 @@ class Estimate:
     settings: EstimateSettings
     results: tuple[DeviceEstimate, ...]
     electricity_usd_per_kwh: float
+    second: StepTrace | None = field(default=None, repr=False, compare=False)
+    """The step traced at twice the batch (the memory line's second point): with `trace`, what a new
+    estimate of the same step on other devices, prices or job can reuse."""
 
     @property
     def fitting(self) -> list[DeviceEstimate]:
@@ -349,4 +352,4 @@ def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateT
         else:
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
             results.append(estimate_device(cpu_trace, settings, target, memory, db))
-    return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh)
+    return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh, second)

@@ -5,6 +5,7 @@ live and shows progress."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -46,6 +47,9 @@ from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 from advisor.tui.request import parse_number
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
+TRACES_KEPT = 8
+"""Traced steps the screen keeps for re-estimates that change only devices, prices or the job (issue #24):
+two traces each, kilobytes to a few MB of op records."""
 ESTIMATE_STAGES = 4
 """Progress messages of one estimate (load, trace, trace again, estimate): the bar advances one per
 message. A determinate bar, not Textual's pulsing one, whose 60 fps animation competes with the
@@ -95,6 +99,8 @@ class EstimateScreen(Screen):
         self.prefetched = prefetched
         """The first request's traces, started in a forked child before the app (see prefetch_traces)."""
         self.estimate: Estimate | None = None
+        self.traces: dict[tuple[Any, ...], TracePair] = {}
+        """Traced steps of this session by PlanRequest.trace_key, newest last (at most TRACES_KEPT)."""
         self.plans: tuple[FitPlan, ...] | None = None
         """The fit advisor's plans for the estimate shown; None while it has not run."""
         self.sort = "time"
@@ -283,14 +289,33 @@ class EstimateScreen(Screen):
             if not worker.is_cancelled:
                 self.app.call_from_thread(self._progress, message)
 
+        key = request.trace_key()
         try:
-            return plan(request, self.db, progress, self._prefetched_traces(request, progress))
+            traces = self._cached_traces(key, progress) or self._prefetched_traces(request, progress)
+            estimate = plan(request, self.db, progress, traces)
         except UserError as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 -- our bug: shown in the app, its traceback kept for the exit
             self.app.internal_errors.append(exc)
             return UserError(f"internal error ({type(exc).__name__}: {exc}); this is a bug in gpu-advisor: "
                              "the traceback is printed when you quit; please report it")
+        if estimate.second is not None:
+            self._remember_traces(key, (estimate.trace, estimate.second))
+        return estimate
+
+    def _cached_traces(self, key: tuple[Any, ...], progress: Callable[[str], None]) -> TracePair | None:
+        """The traces of an earlier estimate of the same step (PlanRequest.trace_key), when there is one."""
+        traces = self.traces.get(key)
+        if traces is not None:
+            progress("the step is traced already (only devices, prices or the job changed)")
+        return traces
+
+    def _remember_traces(self, key: tuple[Any, ...], traces: TracePair) -> None:
+        """Keep `traces` for a later estimate of the same step; the oldest go past TRACES_KEPT."""
+        self.traces.pop(key, None)
+        self.traces[key] = traces
+        while len(self.traces) > TRACES_KEPT:
+            self.traces.pop(next(iter(self.traces)))
 
     def _prefetched_traces(self, request: PlanRequest, progress: Callable[[str], None]) -> TracePair | None:
         """The traces started before the app, when this is still the request they were made for."""
