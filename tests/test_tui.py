@@ -24,6 +24,7 @@ from advisor.tui.machine_screen import MachineScreen
 from advisor.app.request import PlanRequest
 from advisor.tui.request import prefetch_traces
 from tests.calibration_fakes import steady_cases, steady_cpu, steady_seconds, with_clock
+from tests.test_finetune import WIDE  # a model too large for an A100 40GB in fp32
 from tests.test_calibration import TINY_SUITE
 
 DB = load_hwdb(include_user_layers=False)
@@ -550,23 +551,10 @@ def test_every_cost_cell_shows_a_whole_figure(size: tuple[int, int]) -> None:
     drive(scenario, size)
 
 
-WIDE_MODEL = '''
-import torch
-from torch import nn
-
-def build_model():
-    # 2 x 40,000 x 40,000 = 3.2 G weights: fp32 AdamW needs 16 B each (51 GB), more than an A100 40GB
-    return nn.Sequential(nn.Linear(40000, 40000, bias=False), nn.Linear(40000, 40000, bias=False))
-
-def example_input(batch_size):
-    return torch.randn(batch_size, 40000)
-'''
-
-
 def test_the_plans_tab_shows_ways_to_make_it_fit(tmp_path) -> None:
     model = tmp_path / "wide.py"
-    model.write_text(WIDE_MODEL)
-    app = AdvisorApp(DB, PlanRequest(model=str(model), gpus=("a100-sxm4-40gb",), batch_size=4))
+    model.write_text(WIDE)
+    app = AdvisorApp(DB, PlanRequest(model=str(model), gpus=("a100-sxm4-40gb",), precision="fp32"))
 
     async def started() -> None:
         async with app.run_test(size=(120, 40)) as pilot:

@@ -22,6 +22,7 @@ from advisor.hardware.specs import HardwareDB
 
 if TYPE_CHECKING:
     from advisor.estimate.plan import DeviceEstimate, Estimate
+    from advisor.profile.model_file import ModelFile
 
 MAX_PLAN_TRACES = 8
 """Candidates traced at most: each is one trace of the model (seconds for a 7B model)."""
@@ -110,10 +111,11 @@ def fit_plans(request: PlanRequest, db: HardwareDB, estimate: Estimate, faster_t
               progress: Callable[[str], None] = lambda message: None) -> tuple[FitPlan, ...]:
     """Plans that fit, fastest first: when nothing fits `estimate` (the request's own), the ways to make it
     fit; with `faster_too`, also those faster or cheaper than its best device."""
-    from advisor.app.plan import targets_for
+    from advisor.app.plan import request_model, targets_for
 
     if estimate.fitting and not faster_too:
         return ()
+    model = request_model(request)  # the candidates change how it is trained, not the model or its inputs
     memory = estimate.settings.memory
     targets = [t for t in targets_for(request, db) if t.device.kind == "gpu"]
     bar = _bar(estimate) if estimate.fitting else None
@@ -124,8 +126,8 @@ def fit_plans(request: PlanRequest, db: HardwareDB, estimate: Estimate, faster_t
         if traced >= MAX_PLAN_TRACES or len(plans) >= MAX_PLANS:
             break
         progress(f"trying {' '.join(flag_of(k, v) for k, v in changes.items())}")
-        best = _best_result(dataclasses.replace(request, **changes), db, targets)
-        if best is None or (bar is not None and not _better(best, bar, request.spot)):
+        best = _best_result(dataclasses.replace(request, **changes), model, db, targets)
+        if best is None or (bar is not None and not _clearly_better(best, bar, request.spot)):
             continue
         if any(_same(best, plan.result) for plan in plans):
             continue
@@ -140,12 +142,8 @@ WORTHWHILE = 0.95
 
 def _adds_nothing(plan: FitPlan, other: FitPlan) -> bool:
     """`plan` makes every change `other` makes and more, without being clearly faster or cheaper."""
-    if not set(other.changes.items()) < set(plan.changes.items()):
-        return False
-    faster = plan.result.time_to_train_s < WORTHWHILE * other.result.time_to_train_s
-    cost, other_cost = plan.cost_usd, other.cost_usd
-    cheaper = cost is not None and other_cost is not None and cost < WORTHWHILE * other_cost
-    return not (faster or cheaper)
+    superset = set(other.changes.items()) < set(plan.changes.items())
+    return superset and not _clearly_better(plan.result, other.result, plan.spot)
 
 
 def _bar(estimate: Estimate) -> DeviceEstimate | None:
@@ -154,10 +152,11 @@ def _bar(estimate: Estimate) -> DeviceEstimate | None:
     return by_time[0] if by_time else None
 
 
-def _better(result: DeviceEstimate, bar: DeviceEstimate, spot: bool) -> bool:
-    cost, bar_cost = result.job_cost_usd(spot), bar.job_cost_usd(spot)
-    cheaper = cost is not None and bar_cost is not None and cost < 0.95 * bar_cost
-    return result.time_to_train_s < 0.95 * bar.time_to_train_s or cheaper
+def _clearly_better(result: DeviceEstimate, than: DeviceEstimate, spot: bool) -> bool:
+    """`result` trains WORTHWHILE faster than `than`, or costs WORTHWHILE less (spot prices with `spot`)."""
+    cost, other_cost = result.job_cost_usd(spot), than.job_cost_usd(spot)
+    cheaper = cost is not None and other_cost is not None and cost < WORTHWHILE * other_cost
+    return result.time_to_train_s < WORTHWHILE * than.time_to_train_s or cheaper
 
 
 def _same(first: DeviceEstimate, second: DeviceEstimate) -> bool:
@@ -166,16 +165,14 @@ def _same(first: DeviceEstimate, second: DeviceEstimate) -> bool:
         abs(first.time_to_train_s - second.time_to_train_s) <= 1e-6 * first.time_to_train_s
 
 
-def _best_result(request: PlanRequest, db: HardwareDB, targets: list[Any]) -> DeviceEstimate | None:
-    """The request traced once and estimated on `targets`: its fastest fitting result (None when it fits none,
-    or when the change does not apply to this model: a UserError from the trace)."""
-    from advisor.app.plan import request_model
+def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets: list[Any]) -> DeviceEstimate | None:
+    """The request's step of `model` traced once and estimated on `targets`: its fastest fitting result (None
+    when it fits none, or when the change does not apply to this model: a UserError from the trace)."""
     from advisor.estimate.plan import estimate_device
     from advisor.memory.estimate import StepMemory, device_memory
     from advisor.memory.plan import trace_for_memory
 
     try:
-        model = request_model(request)
         settings = request.settings(model)
         trace = trace_for_memory(model, settings.memory, settings.memory.traced_batch)
     except UserError:

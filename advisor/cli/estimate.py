@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         if output_format == "table" and advisor_runs(request, estimate):
             print("\n".join(render_plans(estimate, plans)))
     if not estimate.fitting and not plans:
-        raise UserError(fits_nowhere(estimate, "none found" if advisor_runs(request, estimate) else "not run"))
+        raise UserError(fits_nowhere(estimate, request))
     if not estimate.fitting:
         note(f"as asked, {estimate.model.name} fits none of the {len(estimate.results)} devices; "
              "the ways to make it fit are listed")
@@ -97,9 +97,10 @@ def render_plans(estimate: Estimate, plans: Sequence[FitPlan]) -> list[str]:
     return [""] + plan_lines(estimate, plans)
 
 
-def fits_nowhere(estimate: Estimate, advisor: str) -> str:
-    """One sentence: what the model needs, the largest device, and what to change (`advisor`: what the fit
-    advisor did, present.format.ADVICE_WITHOUT_SEARCH)."""
+def fits_nowhere(estimate: Estimate, request: PlanRequest) -> str:
+    """One sentence: what the model needs, the largest device, and what to change (the fit advisor ran for
+    `request` and found nothing, or did not run)."""
+    advisor = "none found" if advisor_runs(request, estimate) else "not run"
     return fits_nowhere_message(estimate.model.name, estimate.settings.memory, [r.memory for r in estimate.results],
                                 advisor)
 

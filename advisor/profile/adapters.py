@@ -165,9 +165,14 @@ def _add_lora(model: nn.Module, rank: int, targets: tuple[str, ...], dtype: torc
     for param in model.parameters():
         param.requires_grad_(False)
     for name, module in chosen:
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, LoRALinear(module, rank, dtype))
+        _replace_module(model, name, LoRALinear(module, rank, dtype))
     return len(chosen)
+
+
+def _replace_module(model: nn.Module, name: str, replacement: nn.Module) -> None:
+    """Put `replacement` where the submodule called `name` ("layers.0.q_proj") is."""
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, replacement)
 
 
 def _quantize_frozen_linears(model: nn.Module, form: str) -> int:
@@ -180,9 +185,8 @@ def _quantize_frozen_linears(model: nn.Module, form: str) -> int:
               if name and is_linear(module) and id(module) not in heads and not module.weight.requires_grad]
     for name, module in chosen:
         in_features, out_features = linear_features(module)
-        parent, _, child = name.rpartition(".")
-        replacement = FrozenQuantizedLinear(in_features, out_features, module.bias, form, module.weight.device)
-        setattr(model.get_submodule(parent) if parent else model, child, replacement)
+        _replace_module(model, name, FrozenQuantizedLinear(in_features, out_features, module.bias, form,
+                                                           module.weight.device))
     return len(chosen)
 
 

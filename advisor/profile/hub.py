@@ -94,6 +94,7 @@ def catalog() -> dict[str, dict[str, Any]]:
     return models
 
 
+@cache
 def catalog_names() -> dict[str, str]:
     """Every name the catalog answers to (ids and aliases, lower case) -> the model's id."""
     names = {}

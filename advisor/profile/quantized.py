@@ -120,7 +120,7 @@ def storage_shapes(rows: int, cols: int, form: str) -> tuple[tuple[int, ...], tu
 def weight_bytes(rows: int, cols: int, form: str) -> int:
     """Bytes a [rows, cols] frozen weight takes stored as `form` (codes and scales)."""
     codes, scales, dtype = storage_shapes(rows, cols, form)
-    return math.prod(codes) + math.prod(scales) * torch.tensor([], dtype=dtype).element_size()
+    return math.prod(codes) + math.prod(scales) * dtype.itemsize
 
 
 class _FrozenQuantizedMatmul(torch.autograd.Function):
