@@ -16,7 +16,8 @@ Autocast's low-precision copies of weights are `weight_copies`.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,9 @@ PHASE_CATEGORY = {"forward": "activations", "backward": "backward_temporaries", 
 
 BEFORE_STEP = -1
 """Tick of storages that exist when the step starts (weights, optimizer state, inputs)."""
+COPY = -2
+"""Allocation tick of a storage made for a block the trace held out (repeated.py): where it was
+allocated is where its template was, in that block's iteration."""
 
 CAST_OPS = frozenset({"_to_copy", "to", "_to_copy.default"})
 
@@ -181,8 +185,13 @@ class LiveMemoryTracker(TorchDispatchMode):
         self.state = "before"  # "before", "open", "closed"
         self.live_bytes = 0
         """Bytes of the registered storages alive now."""
+        self._silent = False
+        self._copies: dict[int, tuple[int, int]] = {}  # storage -> (template storage, iteration)
+        self._kept: dict[int, int] = {}  # storage -> its index in the last close_step's LiveMemory
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._silent:
+            return func(*args, **(kwargs or {}))
         if self.state == "open":
             self.tick += 1
         out = func(*args, **(kwargs or {}))
@@ -211,16 +220,16 @@ class LiveMemoryTracker(TorchDispatchMode):
         sources = _tensors(args)
         return bool(sources) and self.category_of(sources[0]) == "weights"
 
-    def _register(self, storage: torch.UntypedStorage, op: str, category: str | None) -> int:
+    def _register(self, storage: torch.UntypedStorage, op: str, category: str | None, copy: bool = False) -> int:
         index = len(self._nbytes)
         self._ids[storage] = index
         self._nbytes.append(storage.nbytes())
         self.live_bytes += self._nbytes[-1]
-        self._allocated.append(self.tick if self.state == "open" else BEFORE_STEP)
+        self._allocated.append(COPY if copy else self.tick if self.state == "open" else BEFORE_STEP)
         self._freed.append(None)
         self._category.append(category)
         self._op.append(op)
-        if self.state == "open":
+        if self.state == "open" and not copy:
             self._events.append((self.tick, index))
         self._finalizers.append(weakref.finalize(storage, self._on_free, index))
         return index
@@ -232,6 +241,33 @@ class LiveMemoryTracker(TorchDispatchMode):
         elif self.state == "open":
             self._freed[index] = self.tick
             self._events.append((self.tick, ~index))
+
+    @contextmanager
+    def silent(self) -> Iterator[None]:
+        """Ops within neither tick nor register what they make (tensors registered as copies after)."""
+        self._silent = True
+        try:
+            yield
+        finally:
+            self._silent = False
+
+    def register_copy(self, tensor: torch.Tensor, template: torch.Tensor, iteration: int) -> None:
+        """`tensor` (made silently) stands for `template`'s storage in the held-out block `iteration` of a
+        run (repeated.py): it has no allocation in the step, and its free is the copy's."""
+        template_index = self._ids.get(template.untyped_storage())
+        assert template_index is not None, "the template storage was made by a traced op"
+        index = self._register(tensor.untyped_storage(), "(copy of a held-out block's)", None, copy=True)
+        self._copies[index] = (template_index, iteration)
+
+    def index_of(self, tensor: torch.Tensor) -> int | None:
+        """The registered storage of `tensor`, None when the tracker has not seen it."""
+        return self._ids.get(tensor.untyped_storage())
+
+    def copies(self) -> dict[int, tuple[int, int]]:
+        """Copies registered (register_copy), by their index in the last close_step's LiveMemory:
+        copy -> (template, iteration)."""
+        return {self._kept[copy]: (self._kept[template], iteration)
+                for copy, (template, iteration) in self._copies.items()}
 
     def category_of(self, tensor: torch.Tensor) -> str | None:
         index = self._ids.get(tensor.untyped_storage())
@@ -268,8 +304,9 @@ class LiveMemoryTracker(TorchDispatchMode):
     def _result(self) -> LiveMemory:
         alive_before = [i for i, a in enumerate(self._allocated) if a == BEFORE_STEP and self._freed[i] != BEFORE_STEP]
         during = [i for _, i in self._events if i >= 0]
-        kept = alive_before + during
+        kept = alive_before + during + list(self._copies)
         new_index = {old: new for new, old in enumerate(kept)}
+        self._kept = new_index
         storages = tuple(
             StorageLife(self._nbytes[i], self._allocated[i], self._freed[i], self._final_category(i), self._op[i])
             for i in kept

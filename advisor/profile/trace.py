@@ -45,6 +45,16 @@ from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.finite import FiniteActivations
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
+from advisor.profile.repeated import (
+    NotRepeated,
+    Run,
+    expand_memory,
+    expand_records,
+    find_runs,
+    held_out_parameters,
+    locate,
+    shortened,
+)
 from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
 from advisor.profile.torch_patches import fake_tensor_conversions
@@ -151,6 +161,10 @@ class StepTrace:
     included; `params` counts the trainable ones."""
     adapted: str = ""
     """What --lora/--base-weights did to the model (adapters.adapt), "" when nothing."""
+    repeated: tuple[str, ...] = ()
+    """Runs of repeated blocks traced once and replicated (repeated.py), one line each."""
+    replicated_blocks: int = 0
+    """Blocks whose ops and memory were replicated from a traced one instead of traced."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -200,6 +214,8 @@ class StepTrace:
             "bytes": {phase: self.bytes_moved(phase) for phase in PHASES} | {"total": self.bytes_moved()},
             "uncounted_ops": self.uncounted(),
             "checkpointed": list(self.checkpointed),
+            "repeated": list(self.repeated),
+            "replicated_blocks": self.replicated_blocks,
             "accumulate_gradients": self.accumulate_gradients,
             "memory": None if self.memory is None else self.memory.to_dict(),
             "ops": [r.to_dict() for r in self.records],
@@ -257,6 +273,8 @@ class _Recorder(TorchDispatchMode):
         self.phase = "forward"
         self.recording = False
         self.records: list[OpRecord] = []
+        self.ticks: list[int] = []
+        """The memory tracker's tick of each record (repeated.py places blocks by them)."""
         self.fake_mode = fake_mode
         self.real: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.data_dependent: dict[str, int] = {}
@@ -310,6 +328,7 @@ class _Recorder(TorchDispatchMode):
                          cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                          self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
             )
+            self.ticks.append(self.memory.tick)
         return out
 
     # ------------------------------------------------------------------ real-inputs fallback
@@ -473,6 +492,8 @@ class _Setup:
     """The model file's optimizer(params), for optimizer "file"."""
     adaptation: Adaptation = field(default_factory=Adaptation)
     """LoRA adapters and the frozen base's storage (adapters.py)."""
+    dedupe: bool = True
+    """Trace repeated blocks once and replicate them (repeated.py)."""
 
 
 class _ConstructorNeedsValues(Exception):
@@ -506,6 +527,7 @@ def trace_training_step(
     progress: Callable[[str], None] | None = None,
     build_optimizer: Callable[[list[torch.nn.Parameter]], Any] | None = None,
     adaptation: Adaptation | None = None,
+    dedupe: bool = True,
 ) -> StepTrace:
     """Build the model on fake tensors and trace one steady-state training step: the optimizer's
     state already exists (a first, unrecorded step creates it), gradients were set to None by the
@@ -515,6 +537,8 @@ def trace_training_step(
     (`checkpoint_blocks`). `attention` "cuda" traces attention with dropout as the fused CUDA kernels
     run it (attention.py; for GPU targets), "cpu" as a CPU does. `timeout_s` (None or 0: none) stops
     a trace that takes longer with a UserError; `progress` hears how far a long one got (watch.py).
+    `dedupe` traces runs of repeated blocks once and replicates their ops and memory (repeated.py; the
+    same trace, exactly, or a full trace where it cannot be shown to be).
     `source` names the model file in error messages. Models whose control flow reads input values
     are traced a second time with real inputs (see the module docstring); models whose constructor
     needs tensor values are built on meta weights (build.py)."""
@@ -523,7 +547,7 @@ def trace_training_step(
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
                    checkpointing, accumulate_gradients, attention=attention,
                    watch=TraceWatch(timeout_s, progress, source), build_optimizer=build_optimizer,
-                   adaptation=adaptation or Adaptation())
+                   adaptation=adaptation or Adaptation(), dedupe=dedupe)
     if optimizer == FILE_OPTIMIZER and build_optimizer is None:
         raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
     try:
@@ -537,12 +561,12 @@ def _trace_with_either_inputs(setup: _Setup) -> StepTrace:
     computed from its weights, the step run for real (real_run.py)."""
     try:
         with fake_tensor_log_silenced():
-            return _trace(setup, "fake")
+            return _trace_deduplicated(setup, "fake")
     except DATA_DEPENDENT_ERRORS:
         pass
     try:
         with fake_tensor_log_silenced():
-            return _trace(setup, "fake+real-inputs")
+            return _trace_deduplicated(setup, "fake+real-inputs")
     except DATA_DEPENDENT_ERRORS as exc:
         op = getattr(exc, "func", None)
         why = f"branches on values computed from its weights{f' ({op})' if op is not None else ''}"
@@ -564,14 +588,25 @@ def _trace_for_real(setup: _Setup, why: str) -> StepTrace:
         raise too_large_during_step(exc.live_bytes, budget, setup.batch_size, why, source) from None
 
 
-def _trace(setup: _Setup, values: str, memory_limit: int | None = None) -> StepTrace:
+def _trace_deduplicated(setup: _Setup, values: str) -> StepTrace:
+    """The step with repeated blocks traced once (setup.dedupe), or in full where that fails (NotRepeated)."""
+    if setup.dedupe:
+        try:
+            return _trace(setup, values, dedupe=True)
+        except NotRepeated as exc:
+            logging.getLogger(__name__).debug("tracing every block: %s", exc)
+    return _trace(setup, values)
+
+
+def _trace(setup: _Setup, values: str, memory_limit: int | None = None, dedupe: bool = False) -> StepTrace:
     """One attempt at the step with its `values` ("fake", "fake+real-inputs" or "real"; StepTrace.values);
-    a real run stops past `memory_limit` live bytes. Random numbers come from one seed."""
+    a real run stops past `memory_limit` live bytes. Random numbers come from one seed. `dedupe`: repeated
+    blocks traced once (repeated.py)."""
     with seeded_random_numbers():
-        return _trace_seeded(setup, values, memory_limit)
+        return _trace_seeded(setup, values, memory_limit, dedupe)
 
 
-def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepTrace:
+def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: bool = False) -> StepTrace:
     source, batch_size = setup.source, setup.batch_size
     real = values == "real"
     if values != "fake":  # real tensors, made before fake mode starts; their fake twins are made on use
@@ -601,6 +636,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
         if not params:
             raise UserError(f"{source or 'the model'} has no trainable parameters")
         checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
+        runs = find_runs(model) if dedupe else []
         opt = _optimizer(setup, params)
         scaler = _GradScalerOps() if precision_of(setup.precision).grad_scaler else None
         tracker = _StepModuleTracker()
@@ -611,12 +647,15 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
             with _optimizer_code(setup, "the optimizer's first step"):
                 _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients)
             _label_step_state(memory, model, opt, inputs, params, setup.accumulate_gradients)
+            accumulated = _template_gradients(runs, memory) if setup.accumulate_gradients else {}
             memory.open_step("forward")
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
             finite = FiniteActivations()
+            counts = _IterationCounts(runs, tracker, fused, finite)
             # through backward too (checkpointed blocks run forward there); real values answer for themselves
-            with fused or nullcontext(), nullcontext() if real else finite:
+            with _shortened_step(runs, setup.watch), counts, fused or nullcontext(), \
+                    nullcontext() if real else finite:
                 loss = _forward(model, inputs, setup)
                 fused_calls = 0 if fused is None else fused.calls
                 memory.start_phase("backward")
@@ -624,6 +663,8 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
                 backward_runs_here()  # a child forked from now on could not trace (background.can_fork)
                 with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
                     (loss if scaler is None else scaler.scale(loss)).backward()
+            if runs:
+                _copy_gradients(runs, memory, recorder, accumulated)
             memory.label([p.grad for p in params if p.grad is not None], "gradients")
             _check_sparse_gradients(params, setup)
             memory.start_phase("optimizer")
@@ -638,11 +679,103 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None) -> StepT
                 opt.zero_grad(set_to_none=True)
             del loss
             live_memory = memory.close_step()
+    records: list[OpRecord] | tuple[OpRecord, ...] = recorder.records
+    if runs:
+        located = locate(runs, recorder.records, recorder.ticks)
+        records = expand_records(recorder.records, recorder.ticks, located)
+        live_memory = expand_memory(live_memory, located, memory.copies())
+        fused_calls += counts.added(lambda c: c[0])
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
-                     tuple(recorder.records), values,
+                     tuple(records), values,
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
-                     finite.answered, type(opt).__name__, _total_params(model), adapted)
+                     finite.answered + counts.added(lambda c: c[1]), type(opt).__name__, _total_params(model),
+                     adapted, tuple(run.describe() for run in runs), sum(len(run.held_out) for run in runs))
+
+
+@contextmanager
+def _shortened_step(runs: list[Run], watch: TraceWatch) -> Iterator[None]:
+    """The step through the runs' kept blocks only (repeated.shortened); any failure there but a
+    deadline or a value the fake tensors cannot give is NotRepeated: the step is then traced in full,
+    which raises the error again if it is the model's."""
+    if not runs:
+        yield
+        return
+    try:
+        with shortened(runs):
+            yield
+    except (NotRepeated, *DATA_DEPENDENT_ERRORS):
+        raise
+    except Exception as exc:
+        if watch.expired:
+            raise
+        raise NotRepeated(f"the step through the kept blocks failed: {exc!r}") from exc
+
+
+def _template_gradients(runs: list[Run], memory: LiveMemoryTracker) -> dict[int, int | None]:
+    """With gradient accumulation: id(template parameter) -> the storage of its gradient before the step."""
+    return {id(template): memory.index_of(template.grad) if template.grad is not None else None
+            for run in runs for _, template, _ in held_out_parameters(run)}
+
+
+def _copy_gradients(runs: list[Run], memory: LiveMemoryTracker, recorder: _Recorder,
+                    accumulated: dict[int, int | None]) -> None:
+    """Gradients for the held-out blocks' parameters, as copies of their template's (registered with the
+    memory tracker as such, outside the recorded ops). With gradient accumulation the held-out blocks
+    keep the gradients they had, which the template must have updated in place."""
+    recording, recorder.recording = recorder.recording, False
+    try:
+        for run in runs:
+            for param, template, iteration in held_out_parameters(run):
+                if template.grad is None:
+                    continue
+                if accumulated:
+                    if memory.index_of(template.grad) != accumulated[id(template)]:
+                        raise NotRepeated("a gradient was replaced, not accumulated in place")
+                    continue
+                with memory.silent():
+                    param.grad = torch.empty_like(template.grad)
+                memory.register_copy(param.grad, template.grad, iteration)
+    finally:
+        recorder.recording = recording
+
+
+class _IterationCounts:
+    """Counters of the forward (fused attention calls, finite answers) at the start of each run's template
+    and last block, to add one template iteration's worth per held-out block."""
+
+    def __init__(self, runs: list[Run], tracker: _StepModuleTracker, fused: FusedAttentionDropout | None,
+                 finite: FiniteActivations) -> None:
+        self.runs, self.tracker, self.fused, self.finite = runs, tracker, fused, finite
+        self.at: dict[tuple[int, str], tuple[int, int]] = {}
+        self.handles: list[Any] = []
+
+    def _now(self) -> tuple[int, int]:
+        return (0 if self.fused is None else self.fused.calls, self.finite.answered)
+
+    def __enter__(self) -> _IterationCounts:
+        for index, run in enumerate(self.runs):
+            for key in run.kept[1:]:
+                def hook(module: Any, args: Any, index: int = index, key: str = key) -> None:
+                    if not self.tracker.in_backward:
+                        self.at.setdefault((index, key), self._now())
+                self.handles.append(run.container._modules[key].register_forward_pre_hook(hook))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def added(self, which: Callable[[tuple[int, int]], int]) -> int:
+        """What the held-out blocks add to the counter `which` picks."""
+        total = 0
+        for index, run in enumerate(self.runs):
+            template, last = self.at.get((index, run.kept[1])), self.at.get((index, run.kept[2]))
+            if template is None or last is None:
+                raise NotRepeated(f"the kept blocks of {run.path} did not run")
+            per_block = which(last) - which(template)
+            total += per_block * len(run.held_out)
+        return total
 
 
 def _adapt(model: torch.nn.Module, setup: _Setup) -> str:

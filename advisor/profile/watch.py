@@ -33,6 +33,11 @@ class TraceWatch:
     def __post_init__(self) -> None:
         self._next_report = self.started + REPORT_EVERY_S
 
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline has passed."""
+        return bool(self.timeout_s) and time.monotonic() - self.started > self.timeout_s
+
     def report(self, message: str) -> None:
         """Pass one line of progress on (what the trace does next)."""
         if self.progress is not None:

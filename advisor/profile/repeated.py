@@ -1,0 +1,501 @@
+"""Repeated blocks traced once (issue #24): a 32-layer decoder costs three layers' trace, not 32.
+
+A run is a stretch of four or more consecutive children of an `nn.ModuleList` or `nn.Sequential` that
+are the same class with the same configuration: the same parameter and buffer shapes and dtypes in every
+submodule, the same plain attributes (a layer's own index aside), no hooks, nothing shared. The trace
+keeps three blocks of each run (the first, the second and the last) and runs the step through them;
+the other blocks are held out of the container for the forward and backward, so their ops are never
+dispatched. Their parameters, optimizer state and gradients stay in the step: the optimizer steps all
+of them, and the held-out blocks' gradients are made as copies of the second block's (`copy_gradients`).
+
+The second block is the template of every held-out one. The ops (OpRecord) and the storage lives
+(LiveMemory) that the second block's iteration makes, forward and backward, are replicated once per
+held-out block, with module names and ticks moved along (`expand_records`, `expand_memory`): a storage
+freed one block later (a block's output, which the next one saves) is freed one block later in every
+copy, a storage freed after the run (autocast's weight copies, gradients) is freed there, once per copy.
+
+Nothing is taken on trust. Before anything is replicated the first block's iteration must equal the
+second's and the last block's backward the second's, op for op (names aside) and allocation for
+allocation; any difference, any storage whose life the pattern cannot place, or any error in the
+shortened step, and the step is traced in full (the trace's caller does that on `NotRepeated`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+MIN_RUN = 4
+"""Blocks in a run before it is shortened: with three kept, four is the least that saves a block."""
+
+POSITION_ATTRIBUTE = re.compile(r"^(layer|block|stage)?_?(idx|index|id|number|num)$")
+"""Integer attributes that number a block (Hugging Face's `layer_idx`): they differ along a run by design."""
+
+PLAIN_TYPES = (bool, int, float, str, type(None), torch.dtype)
+
+
+class NotRepeated(Exception):
+    """The shortened step does not show the repetition it assumed: trace the step in full."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Blocks `keys` (their names in `container`, in order) of one container at `path` in the model."""
+
+    container: torch.nn.Module
+    path: str
+    keys: tuple[str, ...]
+
+    @property
+    def kept(self) -> tuple[str, str, str]:
+        """The blocks traced: the first, the template (second) and the last."""
+        return self.keys[0], self.keys[1], self.keys[-1]
+
+    @property
+    def held_out(self) -> tuple[str, ...]:
+        return self.keys[2:-1]
+
+    def block_name(self, key: str) -> str:
+        """The module name of block `key` as the trace names modules (the model is "")."""
+        return f"{self.path}.{key}" if self.path else key
+
+    def describe(self) -> str:
+        return f"{self.block_name(self.keys[0])}..{self.keys[-1]}: {len(self.keys)} blocks, " \
+               f"{len(self.held_out)} replicated"
+
+
+def find_runs(model: torch.nn.Module) -> list[Run]:
+    """The runs of repeated blocks in `model`, outermost first (none inside a run's blocks)."""
+    owners = _parameter_owners(model)
+    runs: list[Run] = []
+    _collect_runs(model, "", owners, runs)
+    return runs
+
+
+def _parameter_owners(model: torch.nn.Module) -> dict[int, int]:
+    """id(parameter or buffer) -> how many places in the model hold it."""
+    counts: dict[int, int] = {}
+    for module in model.modules():
+        for tensor in [*module._parameters.values(), *module._buffers.values()]:
+            if tensor is not None:
+                counts[id(tensor)] = counts.get(id(tensor), 0) + 1
+    return counts
+
+
+def _collect_runs(module: torch.nn.Module, path: str, owners: dict[int, int], runs: list[Run]) -> None:
+    in_run: set[str] = set()
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+        for keys in _runs_of(module, owners):
+            runs.append(Run(module, path, keys))
+            in_run.update(keys)
+    for name, child in module.named_children():
+        if name not in in_run and child is not None:
+            _collect_runs(child, f"{path}.{name}" if path else name, owners, runs)
+
+
+def _runs_of(container: torch.nn.Module, owners: dict[int, int]) -> list[tuple[str, ...]]:
+    """Maximal stretches of at least MIN_RUN consecutive children with one signature."""
+    found: list[tuple[str, ...]] = []
+    current: list[str] = []
+    previous: Any = None
+    for key, child in container._modules.items():
+        signature = _signature(child, owners) if child is not None else None
+        if signature is not None and signature == previous and child not in (container._modules[k] for k in current):
+            current.append(key)
+        else:
+            if len(current) >= MIN_RUN:
+                found.append(tuple(current))
+            current = [key] if signature is not None else []
+        previous = signature
+    if len(current) >= MIN_RUN:
+        found.append(tuple(current))
+    return found
+
+
+def _signature(block: torch.nn.Module, owners: dict[int, int]) -> tuple | None:
+    """What must be equal for two blocks to run the same ops; None when the block cannot be replicated
+    (hooks, or a parameter or buffer it shares with another place)."""
+    parts = []
+    for name, module in block.named_modules(remove_duplicate=False):
+        if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or \
+                module._backward_pre_hooks:
+            return None
+        tensors = []
+        for kind, table in (("p", module._parameters), ("b", module._buffers)):
+            for tensor_name, tensor in table.items():
+                if tensor is None:
+                    tensors.append((kind, tensor_name, None))
+                    continue
+                if owners.get(id(tensor), 0) > 1:
+                    return None
+                tensors.append((kind, tensor_name, tuple(tensor.shape), tensor.dtype, tensor.requires_grad,
+                                tensor.layout))
+        attributes = tuple(sorted((key, _plain(value)) for key, value in vars(module).items()
+                                  if not key.startswith("_") and _is_plain(value)
+                                  and not (POSITION_ATTRIBUTE.match(key) and isinstance(value, int))))
+        parts.append((name, type(module), tuple(tensors), attributes, module.training))
+    return tuple(parts)
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_is_plain(v) for v in value)
+    return isinstance(value, PLAIN_TYPES)
+
+
+def _plain(value: Any) -> Any:
+    return tuple(_plain(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+@contextmanager
+def shortened(runs: Sequence[Run]) -> Iterator[None]:
+    """The runs' held-out blocks out of their containers, put back (in order) on leaving."""
+    saved = [(run.container, dict(run.container._modules)) for run in runs]
+    for run in runs:
+        for key in run.held_out:
+            del run.container._modules[key]
+    try:
+        yield
+    finally:
+        for container, modules in saved:
+            container._modules.clear()
+            container._modules.update(modules)
+
+
+def held_out_parameters(run: Run) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter, int]]:
+    """(held-out parameter, the template block's parameter in its place, iteration) for every held-out
+    block of `run`; iteration i is the block `run.keys[i]`."""
+    template = dict(run.container._modules[run.keys[1]].named_parameters())
+    pairs = []
+    for iteration, key in enumerate(run.keys):
+        if key not in run.held_out:
+            continue
+        for name, param in run.container._modules[key].named_parameters():
+            pairs.append((param, template[name], iteration))
+    return pairs
+
+
+# --------------------------------------------------------------------------- where each block ran
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Ticks [start, end) of one block's iteration in one phase of the shortened step. `template` is
+    0 (the first block), 1 (the second: replicated) or 2 (the last); `iterations` the blocks of the
+    whole model it stands for, in the order they run."""
+
+    run: int
+    phase: str
+    template: int
+    start: int
+    end: int
+    iterations: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class RunTicks:
+    """Where each run's kept blocks ran in the shortened step: its segments, in tick order."""
+
+    run: Run
+    forward: tuple[Segment, Segment, Segment]
+    backward: tuple[Segment, Segment, Segment]
+    """(last, template, first): the order the backward runs them."""
+
+
+def _block_ticks(records: Sequence[Any], ticks: Sequence[int], name: str, phase: str) -> tuple[int, int]:
+    """(first, last) tick of the records of block `name` (submodules included) in `phase`."""
+    prefix = name + "."
+    found = [tick for record, tick in zip(records, ticks)
+             if record.phase == phase and (record.module == name or record.module.startswith(prefix))]
+    if not found:
+        raise NotRepeated(f"no {phase} op ran in {name}")
+    return found[0], found[-1]
+
+
+def locate(runs: Sequence[Run], records: Sequence[Any], ticks: Sequence[int]) -> list[RunTicks]:
+    """Each run's segments from the records' modules and ticks; NotRepeated when the kept blocks did not
+    run one after another, forward and backward, with iterations of one length."""
+    located = []
+    for index, run in enumerate(runs):
+        n = len(run.keys)
+        first, template, last = (run.block_name(k) for k in run.kept)
+        f0, f0_end = _block_ticks(records, ticks, first, "forward")
+        f1, f1_end = _block_ticks(records, ticks, template, "forward")
+        f2, f2_end = _block_ticks(records, ticks, last, "forward")
+        b2, b2_end = _block_ticks(records, ticks, last, "backward")
+        b1, b1_end = _block_ticks(records, ticks, template, "backward")
+        b0, b0_end = _block_ticks(records, ticks, first, "backward")
+        if not (f0 <= f0_end < f1 <= f1_end < f2 <= f2_end < b2 <= b2_end < b1 <= b1_end < b0 <= b0_end):
+            raise NotRepeated(f"the blocks of {run.path} did not run one after another")
+        if f1 - f0 != f2 - f1 or f2_end - f2 != f1_end - f1 or b1 - b2 != b0 - b1 or b0_end - b0 != b1_end - b1:
+            raise NotRepeated(f"the blocks of {run.path} ran iterations of different lengths")
+        middle = tuple(range(1, n - 1))
+        forward = (Segment(index, "forward", 0, f0, f1, (0,)), Segment(index, "forward", 1, f1, f2, middle),
+                   Segment(index, "forward", 2, f2, f2_end + 1, (n - 1,)))
+        backward = (Segment(index, "backward", 2, b2, b1, (n - 1,)),
+                    Segment(index, "backward", 1, b1, b0, middle[::-1]),
+                    Segment(index, "backward", 0, b0, b0_end + 1, (0,)))
+        located.append(RunTicks(run, forward, backward))
+    segments = sorted((s for r in located for s in (*r.forward, *r.backward)), key=lambda s: s.start)
+    if any(a.end > b.start for a, b in zip(segments, segments[1:])):
+        raise NotRepeated("the runs' iterations overlap")
+    return located
+
+
+def segments_of(located: Sequence[RunTicks]) -> list[Segment]:
+    return sorted((s for r in located for s in (*r.forward, *r.backward)), key=lambda s: s.start)
+
+
+class _Ticks:
+    """Ticks of the shortened step -> ticks of the whole step, segment copy by copy."""
+
+    def __init__(self, segments: Sequence[Segment]) -> None:
+        self.segments = list(segments)
+        self.starts = [s.start for s in self.segments]
+
+    def inserted_before(self, tick: int) -> int:
+        """Ticks the copies add before `tick` (a tick outside every segment, or a segment's start)."""
+        return sum((len(s.iterations) - 1) * s.length for s in self.segments if s.end <= tick)
+
+    def outside(self, tick: int) -> int:
+        return tick + self.inserted_before(tick) if tick >= 0 else tick
+
+    def in_copy(self, segment: Segment, copy: int, tick: int) -> int:
+        """Tick `tick` of `segment` in its `copy`-th emission (0: the first)."""
+        return self.outside(segment.start) + copy * segment.length + tick - segment.start
+
+    @property
+    def added(self) -> int:
+        return sum((len(s.iterations) - 1) * s.length for s in self.segments)
+
+
+def _segment_at(segments: Sequence[Segment], tick: int) -> Segment | None:
+    for segment in segments:
+        if segment.start <= tick < segment.end:
+            return segment
+    return None
+
+
+# --------------------------------------------------------------------------- ops
+
+
+def _renamed(module: str, run: Run, template_key: str, key: str) -> str:
+    old = run.block_name(template_key)
+    if module == old or module.startswith(old + "."):
+        return run.block_name(key) + module[len(old):]
+    return module
+
+
+def _coarse(records: Sequence[Any], run: Run, key: str) -> list[Any]:
+    """The records with every module inside block `key` named "(block)": which submodule of a block an
+    op is credited to in the backward may differ between blocks (ModuleTracker credits an op that two
+    sibling modules' gradients meet at to either), the ops may not."""
+    block = run.block_name(key)
+    return [replace(r, module="(block)") if r.module == block or r.module.startswith(block + ".") else r
+            for r in records]
+
+
+def expand_records(records: Sequence[Any], ticks: Sequence[int], located: Sequence[RunTicks]) -> list[Any]:
+    """The whole step's ops: the shortened step's, with each template iteration's ops once per block it
+    stands for (module names moved to that block). NotRepeated when the first block's iteration differs
+    from the template's, or the last block's (forward and backward)."""
+    segments = segments_of(located)
+    by_segment: dict[tuple[int, str, int], list[Any]] = {(s.run, s.phase, s.template): [] for s in segments}
+    order: list[tuple[str, Any]] = []
+    for record, tick in zip(records, ticks):
+        segment = _segment_at(segments, tick)
+        if segment is None:
+            order.append(("record", record))
+        else:
+            key = (segment.run, segment.phase, segment.template)
+            if not by_segment[key]:
+                order.append(("segment", key))
+            by_segment[key].append(record)
+    for r in located:
+        _check_same_ops(r, by_segment)
+    expanded: list[Any] = []
+    for kind, item in order:
+        if kind == "record":
+            expanded.append(item)
+            continue
+        run_index, phase, template = item
+        run = located[run_index].run
+        segment = next(s for s in (located[run_index].forward if phase == "forward" else located[run_index].backward)
+                       if s.template == template)
+        for iteration in segment.iterations:
+            key = run.keys[iteration]
+            source_key = run.keys[1] if template == 1 else key
+            expanded.extend(by_segment[item] if key == source_key else
+                            [replace(rec, module=_renamed(rec.module, run, source_key, key)) for rec in by_segment[item]])
+    return expanded
+
+
+def _check_same_ops(located: RunTicks, by_segment: dict[tuple[int, str, int], list[Any]]) -> None:
+    run = located.run
+    index = located.forward[0].run
+    first, template, last = run.kept
+    f0, f1, f2 = (by_segment[(index, "forward", t)] for t in (0, 1, 2))
+    b2, b1, b0 = (by_segment[(index, "backward", t)] for t in (2, 1, 0))
+    f1, b1 = _coarse(f1, run, template), _coarse(b1, run, template)
+    if _coarse(f0, run, first) != f1 or _coarse(f2, run, last) != f1[:len(f2)]:
+        raise NotRepeated(f"{run.block_name(first)}'s forward differs from {run.block_name(template)}'s")
+    if _coarse(b2, run, last) != b1 or _coarse(b0, run, first) != b1[:len(b0)]:
+        raise NotRepeated(f"{run.block_name(last)}'s backward differs from {run.block_name(template)}'s")
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tuple[int, int]]) -> Any:
+    """The whole step's storage lives (live_memory.LiveMemory) from the shortened step's: every storage
+    the template iterations allocate once per block they stand for, freed where the pattern puts it
+    (see the module docstring). `copies`: storages made outside the ops for held-out blocks (their
+    gradients), storage -> (the template storage it copies, iteration). NotRepeated when a storage's
+    life does not fit the pattern."""
+    from advisor.profile.live_memory import LiveMemory, StorageLife
+
+    segments = segments_of(located)
+    ticks = _Ticks(segments)
+    storages = memory.storages
+    where: dict[int, Segment | None] = {}
+    by_segment: dict[Segment, list[tuple[int, int]]] = {s: [] for s in segments}  # (event, tick)
+    order: list[tuple[str, Any]] = []
+    seen: set[Segment] = set()
+    for event, tick in zip(memory.events, memory.event_ticks):
+        segment = _segment_at(segments, tick) if tick >= 0 else None
+        if event >= 0:
+            where[event] = segment
+        if segment is None:
+            order.append(("event", (event, tick)))
+        else:
+            if segment not in seen:
+                seen.add(segment)
+                order.append(("segment", segment))
+            by_segment[segment].append((event, tick))
+    for segment in segments:  # a segment without events still takes its ticks
+        if segment not in seen:
+            order.append(("segment", segment))
+    correspond = _correspondence(located, by_segment, storages)
+    copied_templates = {template for template, _ in copies.values()}
+    for template, _ in copies.values():
+        segment = where.get(template)
+        if segment is None or segment.template != 1:
+            raise NotRepeated("a held-out block's gradient has no template in the template block")
+
+    new_storages: list[StorageLife] = []
+    new_events: list[int] = []
+    new_ticks: list[int] = []
+    instance: dict[tuple[int, int | None], int] = {}
+
+    def allocate(old: int, key: tuple[int, int | None], tick: int) -> None:
+        life = storages[old]
+        instance[key] = len(new_storages)
+        new_storages.append(life)  # ticks are filled in at the end
+        new_events.append(instance[key])
+        new_ticks.append(tick)
+
+    def free(key: tuple[int, int | None], tick: int) -> None:
+        index = instance.pop(key, None)
+        if index is None:
+            raise NotRepeated("a storage was freed before it was allocated, or twice, in the replicated step")
+        new_events.append(~index)
+        new_ticks.append(tick)
+
+    def instance_of(old: int, segment: Segment, iteration: int) -> tuple[int, int | None]:
+        """The key of the storage `old` freed in `segment`'s emission for `iteration`."""
+        allocated_in = where.get(old)
+        if allocated_in is None or allocated_in.run != segment.run:
+            if segment.template == 1 or (allocated_in is not None and allocated_in.template == 1):
+                raise NotRepeated("a storage from outside a run is freed inside its replicated iteration")
+            return (old, allocated_in.iterations[0] if allocated_in is not None else None)
+        distance = _position(segment) - _position(allocated_in)
+        if abs(distance) > 1:
+            raise NotRepeated("a storage lives across more blocks than three show")
+        owner = iteration - distance
+        n = len(located[segment.run].run.keys)
+        if 1 <= owner <= n - 2:
+            return (old if allocated_in.template == 1 else correspond[old], owner)
+        if owner not in allocated_in.iterations:
+            raise NotRepeated("a storage's life does not follow its block")
+        return (old, owner)
+
+    for kind, item in order:
+        if kind == "event":
+            event, tick = item
+            new_tick = ticks.outside(tick)
+            old = event if event >= 0 else ~event
+            if event >= 0:
+                allocate(old, (old, None), new_tick)
+            elif old in copies:
+                template, iteration = copies[old]
+                free((template, iteration), new_tick)
+            else:
+                segment = where.get(old)
+                if segment is None:
+                    free((old, None), new_tick)
+                elif segment.template != 1:
+                    free((old, segment.iterations[0]), new_tick)
+                elif old in copied_templates:
+                    free((old, 1), new_tick)
+                else:  # every copy the pattern has not freed yet (the last block's input is freed after it)
+                    remaining = [i for i in segment.iterations if (old, i) in instance]
+                    if not remaining:
+                        raise NotRepeated("a storage was freed twice in the replicated step")
+                    for iteration in remaining:
+                        free((old, iteration), new_tick)
+            continue
+        segment = item
+        for copy, iteration in enumerate(segment.iterations):
+            for event, tick in by_segment[segment]:
+                new_tick = ticks.in_copy(segment, copy, tick)
+                if event >= 0:
+                    allocate(event, (event, iteration), new_tick)
+                else:
+                    free(instance_of(~event, segment, iteration), new_tick)
+    allocated_at: dict[int, int] = {}
+    freed_at: dict[int, int] = {}
+    for event, tick in zip(new_events, new_ticks):
+        if event >= 0:
+            allocated_at[event] = tick
+        else:
+            freed_at[~event] = tick
+    lives = tuple(replace(life, allocated_at=allocated_at[i], freed_at=freed_at.get(i))
+                  for i, life in enumerate(new_storages))
+    phase_starts = {phase: ticks.outside(start) for phase, start in memory.phase_starts.items()}
+    return LiveMemory(lives, tuple(new_events), tuple(new_ticks), phase_starts, memory.ticks + ticks.added)
+
+
+def _position(segment: Segment) -> int:
+    """A segment's block in the shortened run: 0, 1 (template) or 2 (last)."""
+    return segment.template
+
+
+def _correspondence(located: Sequence[RunTicks], by_segment: dict[Segment, list[tuple[int, int]]],
+                    storages: Sequence[Any]) -> dict[int, int]:
+    """Storage allocated by the first or last block's iteration -> the template iteration's storage
+    allocated at the same place; NotRepeated when their allocations differ."""
+    correspond: dict[int, int] = {}
+    for r in located:
+        pairs = ((r.forward[0], r.forward[1], False), (r.forward[2], r.forward[1], True),
+                 (r.backward[2], r.backward[1], False), (r.backward[0], r.backward[1], True))
+        for other, template, prefix in pairs:
+            mine = [(tick - other.start, e) for e, tick in by_segment[other] if e >= 0]
+            theirs = [(tick - template.start, e) for e, tick in by_segment[template] if e >= 0]
+            if prefix:
+                theirs = [(offset, e) for offset, e in theirs if offset < other.length]
+            if len(mine) != len(theirs):
+                raise NotRepeated("blocks of one run allocated differently")
+            for (offset, e), (their_offset, t) in zip(mine, theirs):
+                if offset != their_offset or storages[e].nbytes != storages[t].nbytes:
+                    raise NotRepeated("blocks of one run allocated differently")
+                correspond[e] = t
+    return correspond
