@@ -23,12 +23,13 @@ shortened step, and the step is traced in full (the trace's caller does that on 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 MIN_RUN = 4
 """Blocks in a run before it is shortened: with three kept, four is the least that saves a block."""
@@ -40,7 +41,12 @@ PLAIN_TYPES = (bool, int, float, str, type(None), torch.dtype)
 
 
 class NotRepeated(Exception):
-    """The shortened step does not show the repetition it assumed: trace the step in full."""
+    """The shortened step does not show the repetition it assumed: trace the step in full, or (`first`
+    names runs) again with those runs' first block left out of them."""
+
+    def __init__(self, message: str, first: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.first = first
 
 
 @dataclass(frozen=True)
@@ -69,12 +75,15 @@ class Run:
                f"{len(self.held_out)} replicated"
 
 
-def find_runs(model: torch.nn.Module) -> list[Run]:
-    """The runs of repeated blocks in `model`, outermost first (none inside a run's blocks)."""
+def find_runs(model: torch.nn.Module, without_first: frozenset[str] = frozenset()) -> list[Run]:
+    """The runs of repeated blocks in `model`, outermost first (none inside a run's blocks). Runs whose
+    path is in `without_first` start one block later (their first block sees other inputs: a decoder's
+    first layer gets the embeddings in their dtype, the others the residual stream in fp32)."""
     owners = _parameter_owners(model)
     runs: list[Run] = []
     _collect_runs(model, "", owners, runs)
-    return runs
+    runs = [replace(run, keys=run.keys[1:]) if run.path in without_first else run for run in runs]
+    return [run for run in runs if len(run.keys) >= MIN_RUN]
 
 
 def _parameter_owners(model: torch.nn.Module) -> dict[int, int]:
@@ -211,41 +220,101 @@ class RunTicks:
     """(last, template, first): the order the backward runs them."""
 
 
-def _block_ticks(records: Sequence[Any], ticks: Sequence[int], name: str, phase: str) -> tuple[int, int]:
-    """(first, last) tick of the records of block `name` (submodules included) in `phase`."""
-    prefix = name + "."
-    found = [tick for record, tick in zip(records, ticks)
-             if record.phase == phase and (record.module == name or record.module.startswith(prefix))]
-    if not found:
-        raise NotRepeated(f"no {phase} op ran in {name}")
-    return found[0], found[-1]
+class BlockClock:
+    """The ticks at which each run's kept blocks start and end, forward and backward, from module hooks
+    (the first tick inside, the first tick after): forward pre- and post-hooks, and gradient hooks on a
+    block's outputs (its backward starts when their first gradient is ready) and its first input that
+    requires grad, the hidden state (it ends when that one's is). `counters()` is sampled as each kept block's forward starts."""
+
+    def __init__(self, runs: Sequence[Run], tick: Callable[[], int], in_backward: Callable[[], bool],
+                 counters: Callable[[], tuple[int, ...]] = tuple) -> None:
+        self.runs, self.tick, self.in_backward, self.counters = runs, tick, in_backward, counters
+        self.forward_start: dict[tuple[int, str], int] = {}
+        self.forward_end: dict[tuple[int, str], int] = {}
+        self.backward_start: dict[tuple[int, str], int] = {}
+        self.backward_end: dict[tuple[int, str], int] = {}
+        self.counted: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> BlockClock:
+        for index, run in enumerate(self.runs):
+            for key in run.kept:
+                block = run.container._modules[key]
+                self._handles.append(block.register_forward_pre_hook(self._pre_hook((index, key)), with_kwargs=True))
+                self._handles.append(block.register_forward_hook(self._post_hook((index, key)), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _pre_hook(self, where: tuple[int, str]) -> Callable[..., None]:
+        def hook(module: Any, args: Any, kwargs: Any) -> None:
+            if self.in_backward() or where in self.forward_start:  # activation checkpointing's recompute
+                return
+            self.forward_start[where] = self.tick() + 1
+            self.counted[where] = self.counters()
+            inputs = _grad_tensors((args, kwargs))[:1]  # the hidden state; others (T5's position bias) may
+            if inputs:                                   # get their gradient only when every block is done
+                self._handles.append(torch.autograd.graph.register_multi_grad_hook(
+                    inputs, lambda grads: self.backward_end.setdefault(where, self.tick() + 1), mode="any"))
+        return hook
+
+    def _post_hook(self, where: tuple[int, str]) -> Callable[..., None]:
+        def hook(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+            if self.in_backward() or where in self.forward_end:
+                return
+            self.forward_end[where] = self.tick() + 1
+            outputs = _grad_tensors(output)
+            if outputs:
+                self._handles.append(torch.autograd.graph.register_multi_grad_hook(
+                    outputs, lambda grad: self.backward_start.setdefault(where, self.tick() + 1), mode="any"))
+        return hook
+
+    def ticks(self, table: dict[tuple[int, str], int], where: tuple[int, str], what: str) -> int:
+        if where not in table:
+            raise NotRepeated(f"no {what} was seen for {self.runs[where[0]].block_name(where[1])}")
+        return table[where]
+
+    def added(self, counter: int) -> int:
+        """What one template iteration adds to counter `counter`, times the held-out blocks, over all runs."""
+        total = 0
+        for index, run in enumerate(self.runs):
+            template, last = self.counted.get((index, run.kept[1])), self.counted.get((index, run.kept[2]))
+            if template is None or last is None:
+                raise NotRepeated(f"the kept blocks of {run.path} did not run")
+            total += (last[counter] - template[counter]) * len(run.held_out)
+        return total
 
 
-def locate(runs: Sequence[Run], records: Sequence[Any], ticks: Sequence[int]) -> list[RunTicks]:
-    """Each run's segments from the records' modules and ticks; NotRepeated when the kept blocks did not
-    run one after another, forward and backward, with iterations of one length."""
+def _grad_tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def locate(clock: BlockClock) -> list[RunTicks]:
+    """Each run's segments from the clock; NotRepeated when the kept blocks did not run one after
+    another, forward and backward, with iterations of one length."""
     located = []
-    for index, run in enumerate(runs):
+    for index, run in enumerate(clock.runs):
         n = len(run.keys)
-        first, template, last = (run.block_name(k) for k in run.kept)
-        f0, f0_end = _block_ticks(records, ticks, first, "forward")
-        f1, f1_end = _block_ticks(records, ticks, template, "forward")
-        f2, f2_end = _block_ticks(records, ticks, last, "forward")
-        b2, b2_end = _block_ticks(records, ticks, last, "backward")
-        b1, b1_end = _block_ticks(records, ticks, template, "backward")
-        b0, b0_end = _block_ticks(records, ticks, first, "backward")
-        if not (f0 <= f0_end < f1 <= f1_end < f2 <= f2_end < b2 <= b2_end < b1 <= b1_end < b0 <= b0_end):
+        first, template, last = ((index, key) for key in run.kept)
+        f0, f1, f2 = (clock.ticks(clock.forward_start, w, "forward") for w in (first, template, last))
+        f0_end, f1_end, f2_end = (clock.ticks(clock.forward_end, w, "forward end") for w in (first, template, last))
+        b2, b1, b0 = (clock.ticks(clock.backward_start, w, "backward") for w in (last, template, first))
+        b1_end = clock.ticks(clock.backward_end, template, "backward end")
+        if not (f0 < f0_end <= f1 < f1_end <= f2 < f2_end <= b2 < b1 < b1_end <= b0):
             raise NotRepeated(f"the blocks of {run.path} did not run one after another")
-        if f1 - f0 != f2 - f1 or f2_end - f2 != f1_end - f1 or b1 - b2 != b0 - b1 or b0_end - b0 != b1_end - b1:
+        if f1 - f0 != f2 - f1 or f2_end - f2 != f1_end - f1 or b1 - b2 != b0 - b1:
             raise NotRepeated(f"the blocks of {run.path} ran iterations of different lengths")
         middle = tuple(range(1, n - 1))
         forward = (Segment(index, "forward", 0, f0, f1, (0,)), Segment(index, "forward", 1, f1, f2, middle),
-                   Segment(index, "forward", 2, f2, f2_end + 1, (n - 1,)))
+                   Segment(index, "forward", 2, f2, f2_end, (n - 1,)))
         backward = (Segment(index, "backward", 2, b2, b1, (n - 1,)),
                     Segment(index, "backward", 1, b1, b0, middle[::-1]),
-                    Segment(index, "backward", 0, b0, b0_end + 1, (0,)))
+                    Segment(index, "backward", 0, b0, b0 + b1_end - b1, (0,)))
         located.append(RunTicks(run, forward, backward))
-    segments = sorted((s for r in located for s in (*r.forward, *r.backward)), key=lambda s: s.start)
+    segments = segments_of(located)
     if any(a.end > b.start for a, b in zip(segments, segments[1:])):
         raise NotRepeated("the runs' iterations overlap")
     return located
@@ -345,11 +414,19 @@ def _check_same_ops(located: RunTicks, by_segment: dict[tuple[int, str, int], li
     first, template, last = run.kept
     f0, f1, f2 = (by_segment[(index, "forward", t)] for t in (0, 1, 2))
     b2, b1, b0 = (by_segment[(index, "backward", t)] for t in (2, 1, 0))
-    f1, b1 = _coarse(f1, run, template), _coarse(b1, run, template)
-    if _coarse(f0, run, first) != f1 or _coarse(f2, run, last) != f1[:len(f2)]:
-        raise NotRepeated(f"{run.block_name(first)}'s forward differs from {run.block_name(template)}'s")
-    if _coarse(b2, run, last) != b1 or _coarse(b0, run, first) != b1[:len(b0)]:
+    f1 = _coarse(f1, run, template)
+    if _coarse(f0, run, first) != f1:
+        raise NotRepeated(f"{run.block_name(first)}'s forward differs from {run.block_name(template)}'s",
+                          first=frozenset({run.path}))
+    if _coarse(f2, run, last) != f1[:len(f2)]:
+        raise NotRepeated(f"{run.block_name(last)}'s forward differs from {run.block_name(template)}'s")
+    b1 = _anonymous(b1)  # the backward's modules are ModuleTracker's guesses: the ops must agree
+    if _anonymous(b2) != b1 or _anonymous(b0) != b1[:len(b0)]:
         raise NotRepeated(f"{run.block_name(last)}'s backward differs from {run.block_name(template)}'s")
+
+
+def _anonymous(records: Sequence[Any]) -> list[Any]:
+    return [replace(r, module="") for r in records]
 
 
 # --------------------------------------------------------------------------- memory

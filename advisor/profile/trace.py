@@ -46,6 +46,7 @@ from advisor.profile.finite import FiniteActivations
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
 from advisor.profile.repeated import (
+    BlockClock,
     NotRepeated,
     Run,
     expand_memory,
@@ -590,23 +591,29 @@ def _trace_for_real(setup: _Setup, why: str) -> StepTrace:
 
 def _trace_deduplicated(setup: _Setup, values: str) -> StepTrace:
     """The step with repeated blocks traced once (setup.dedupe), or in full where that fails (NotRepeated)."""
-    if setup.dedupe:
+    without_first: frozenset[str] = frozenset()
+    while setup.dedupe:
         try:
-            return _trace(setup, values, dedupe=True)
+            return _trace(setup, values, dedupe=True, without_first=without_first)
         except NotRepeated as exc:
-            logging.getLogger(__name__).debug("tracing every block: %s", exc)
+            if not exc.first or exc.first <= without_first:
+                logging.getLogger(__name__).debug("tracing every block: %s", exc)
+                break
+            without_first |= exc.first
     return _trace(setup, values)
 
 
-def _trace(setup: _Setup, values: str, memory_limit: int | None = None, dedupe: bool = False) -> StepTrace:
+def _trace(setup: _Setup, values: str, memory_limit: int | None = None, dedupe: bool = False,
+           without_first: frozenset[str] = frozenset()) -> StepTrace:
     """One attempt at the step with its `values` ("fake", "fake+real-inputs" or "real"; StepTrace.values);
     a real run stops past `memory_limit` live bytes. Random numbers come from one seed. `dedupe`: repeated
-    blocks traced once (repeated.py)."""
+    blocks traced once (repeated.py), runs named in `without_first` from their second block."""
     with seeded_random_numbers():
-        return _trace_seeded(setup, values, memory_limit, dedupe)
+        return _trace_seeded(setup, values, memory_limit, dedupe, without_first)
 
 
-def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: bool = False) -> StepTrace:
+def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: bool = False,
+                  without_first: frozenset[str] = frozenset()) -> StepTrace:
     source, batch_size = setup.source, setup.batch_size
     real = values == "real"
     if values != "fake":  # real tensors, made before fake mode starts; their fake twins are made on use
@@ -636,7 +643,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         if not params:
             raise UserError(f"{source or 'the model'} has no trainable parameters")
         checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
-        runs = find_runs(model) if dedupe else []
+        runs = find_runs(model, without_first) if dedupe else []
         opt = _optimizer(setup, params)
         scaler = _GradScalerOps() if precision_of(setup.precision).grad_scaler else None
         tracker = _StepModuleTracker()
@@ -652,9 +659,10 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
             finite = FiniteActivations()
-            counts = _IterationCounts(runs, tracker, fused, finite)
+            clock = BlockClock(runs, lambda: memory.tick, lambda: tracker.in_backward,
+                               lambda: (0 if fused is None else fused.calls, finite.answered))
             # through backward too (checkpointed blocks run forward there); real values answer for themselves
-            with _shortened_step(runs, setup.watch), counts, fused or nullcontext(), \
+            with _shortened_step(runs, setup.watch), clock, fused or nullcontext(), \
                     nullcontext() if real else finite:
                 loss = _forward(model, inputs, setup)
                 fused_calls = 0 if fused is None else fused.calls
@@ -681,15 +689,15 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             live_memory = memory.close_step()
     records: list[OpRecord] | tuple[OpRecord, ...] = recorder.records
     if runs:
-        located = locate(runs, recorder.records, recorder.ticks)
+        located = locate(clock)
         records = expand_records(recorder.records, recorder.ticks, located)
         live_memory = expand_memory(live_memory, located, memory.copies())
-        fused_calls += counts.added(lambda c: c[0])
+        fused_calls += clock.added(0)
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
                      tuple(records), values,
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
-                     finite.answered + counts.added(lambda c: c[1]), type(opt).__name__, _total_params(model),
+                     finite.answered + (clock.added(1) if runs else 0), type(opt).__name__, _total_params(model),
                      adapted, tuple(run.describe() for run in runs), sum(len(run.held_out) for run in runs))
 
 
@@ -738,44 +746,6 @@ def _copy_gradients(runs: list[Run], memory: LiveMemoryTracker, recorder: _Recor
                 memory.register_copy(param.grad, template.grad, iteration)
     finally:
         recorder.recording = recording
-
-
-class _IterationCounts:
-    """Counters of the forward (fused attention calls, finite answers) at the start of each run's template
-    and last block, to add one template iteration's worth per held-out block."""
-
-    def __init__(self, runs: list[Run], tracker: _StepModuleTracker, fused: FusedAttentionDropout | None,
-                 finite: FiniteActivations) -> None:
-        self.runs, self.tracker, self.fused, self.finite = runs, tracker, fused, finite
-        self.at: dict[tuple[int, str], tuple[int, int]] = {}
-        self.handles: list[Any] = []
-
-    def _now(self) -> tuple[int, int]:
-        return (0 if self.fused is None else self.fused.calls, self.finite.answered)
-
-    def __enter__(self) -> _IterationCounts:
-        for index, run in enumerate(self.runs):
-            for key in run.kept[1:]:
-                def hook(module: Any, args: Any, index: int = index, key: str = key) -> None:
-                    if not self.tracker.in_backward:
-                        self.at.setdefault((index, key), self._now())
-                self.handles.append(run.container._modules[key].register_forward_pre_hook(hook))
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-    def added(self, which: Callable[[tuple[int, int]], int]) -> int:
-        """What the held-out blocks add to the counter `which` picks."""
-        total = 0
-        for index, run in enumerate(self.runs):
-            template, last = self.at.get((index, run.kept[1])), self.at.get((index, run.kept[2]))
-            if template is None or last is None:
-                raise NotRepeated(f"the kept blocks of {run.path} did not run")
-            per_block = which(last) - which(template)
-            total += per_block * len(run.held_out)
-        return total
 
 
 def _adapt(model: torch.nn.Module, setup: _Setup) -> str:
