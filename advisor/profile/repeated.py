@@ -305,7 +305,9 @@ def locate(clock: BlockClock) -> list[RunTicks]:
         b1_end = clock.ticks(clock.backward_end, template, "backward end")
         if not (f0 < f0_end <= f1 < f1_end <= f2 < f2_end <= b2 < b1 < b1_end <= b0):
             raise NotRepeated(f"the blocks of {run.path} did not run one after another")
-        if f1 - f0 != f2 - f1 or f2_end - f2 != f1_end - f1 or b1 - b2 != b0 - b1:
+        if f1 - f0 != f2 - f1:
+            raise NotRepeated(f"the first block of {run.path} ran a different iteration", first=frozenset({run.path}))
+        if f2_end - f2 != f1_end - f1 or b1 - b2 != b0 - b1:
             raise NotRepeated(f"the blocks of {run.path} ran iterations of different lengths")
         middle = tuple(range(1, n - 1))
         forward = (Segment(index, "forward", 0, f0, f1, (0,)), Segment(index, "forward", 1, f1, f2, middle),
@@ -421,7 +423,10 @@ def _check_same_ops(located: RunTicks, by_segment: dict[tuple[int, str, int], li
     if _coarse(f2, run, last) != f1[:len(f2)]:
         raise NotRepeated(f"{run.block_name(last)}'s forward differs from {run.block_name(template)}'s")
     b1 = _anonymous(b1)  # the backward's modules are ModuleTracker's guesses: the ops must agree
-    if _anonymous(b2) != b1 or _anonymous(b0) != b1[:len(b0)]:
+    if _anonymous(b0) != b1[:len(b0)]:
+        raise NotRepeated(f"{run.block_name(first)}'s backward differs from {run.block_name(template)}'s",
+                          first=frozenset({run.path}))
+    if _anonymous(b2) != b1:
         raise NotRepeated(f"{run.block_name(last)}'s backward differs from {run.block_name(template)}'s")
 
 
