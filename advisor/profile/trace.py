@@ -266,6 +266,9 @@ class _Recorder(TorchDispatchMode):
                  fake_mode: FakeTensorMode | None = None, watch: TraceWatch | None = None,
                  memory_limit: int | None = None) -> None:
         super().__init__()
+        self.shortcut_optimizer = False
+        """Answer the optimizer's in-place multi-tensor ops and `.item()`s without running them on the fake
+        tensors (_answered_by_shapes): set for the optimizers of make_optimizer, whose ops are known to fit."""
         self.memory_limit = memory_limit
         """Bytes of live storages past which the op stops the step (_OverBudget): a real run's budget."""
         self.tracker = tracker
@@ -296,6 +299,9 @@ class _Recorder(TorchDispatchMode):
         if func.overloadpacket.__name__ in SAME_DTYPE_OPS:
             _check_same_dtype(func.overloadpacket.__name__, args)
         first_storage = self.memory.storage_count  # the memory tracker, below this mode, registers outputs
+        if self.shortcut_optimizer and self.phase == "optimizer" and _answered_by_shapes(func, args):
+            out = _stand_in_scalar(args[0]) if func.overloadpacket.__name__ == SCALAR_ITEM else None
+            return self._record(func, args, kwargs, out, first_storage)
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
@@ -380,6 +386,19 @@ class _Recorder(TorchDispatchMode):
             return fake
 
         return tree_map(to_fake, real_out)
+
+
+def _answered_by_shapes(func: Any, args: tuple) -> bool:
+    """Whether an optimizer op on fake tensors changes nothing the trace sees: an in-place multi-tensor op
+    (`_foreach_addcdiv_`: no output, no new storage; its cost comes from its arguments' shapes), or
+    `.item()` (Adam's bias correction reads each step count; any value gives the same ops). Running them
+    on fake tensors took 55% of a 700-tensor AdamW step here."""
+    name = func.overloadpacket.__name__
+    if name == SCALAR_ITEM:
+        return isinstance(args[0], FakeTensor)
+    if not (name.startswith("_foreach_") and name.endswith("_")) or func._schema.returns:
+        return False
+    return all(isinstance(t, FakeTensor) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
 
 
 def _check_same_dtype(op: str, args: tuple) -> None:
@@ -649,6 +668,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         tracker = _StepModuleTracker()
         recorder = _Recorder(tracker, memory, fake_mode if values == "fake+real-inputs" else None, setup.watch,
                              memory_limit)
+        recorder.shortcut_optimizer = setup.optimizer != FILE_OPTIMIZER and not real
         with tracker, recorder:
             recorder.phase = "optimizer"
             with _optimizer_code(setup, "the optimizer's first step"):
