@@ -74,6 +74,9 @@ def compare(case: tuple, targets: list[Any]) -> dict[str, Any]:
     from advisor.profile.trace import trace_training_step
 
     name, build, make_input, loss, batch, precision, optimizer = case
+    # a first, untimed trace: some models' first step differs from the next (an LSTM flattens its weights
+    # once), and the first trace of a kind pays for lazy imports and caches
+    trace_training_step(build, make_input, batch, precision, optimizer, loss)
     traces, seconds = [], []
     for dedupe in (False, True):
         started = time.perf_counter()

@@ -189,7 +189,8 @@ def _header(estimate: Estimate) -> list[str]:
     assumed = f" ({'; '.join(settings.assumptions)})" if settings.assumptions else ""
     return [
         f"Model: {model.name} ({model.origin or model.source}), {describe_params(trace)}, "
-        f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)",
+        f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)"
+        f"{'; ' + trace.replication() if trace.replicated_blocks else ''}",
         f"Settings: {batch}, {memory.precision}, {describe_optimizer(memory.optimizer, trace.optimizer_class)}{options}"
         f"{assumed}; job: {settings.job.describe(memory.batch_size, unit)}",
         _calibration_line(estimate),

@@ -69,8 +69,10 @@ class Coverage:
 
 def trace_summary(trace: StepTrace) -> dict[str, Any]:
     """How the step was traced, for --json: values ("fake", "fake+real-inputs", "real"), construction
-    ("fake", "meta") and the note a real run carries (StepTrace.values_note), else None."""
-    return {"values": trace.values, "construction": trace.construction, "note": trace.values_note()}
+    ("fake", "meta"), the note a real run carries (StepTrace.values_note), else None, and the repeated
+    blocks replicated from traced ones (their number, and each run: "layers.0..31: 32 blocks, 29 replicated")."""
+    return {"values": trace.values, "construction": trace.construction, "note": trace.values_note(),
+            "replicated_blocks": trace.replicated_blocks, "repeated": list(trace.repeated)}
 
 
 def trace_notes(trace: StepTrace) -> list[str]:

@@ -71,8 +71,7 @@ class Run:
         return f"{self.path}.{key}" if self.path else key
 
     def describe(self) -> str:
-        return f"{self.block_name(self.keys[0])}..{self.keys[-1]}: {len(self.keys)} blocks, " \
-               f"{len(self.held_out)} replicated"
+        return f"{self.block_name(self.keys[0])}..{self.keys[-1]} ({len(self.keys)} blocks, 3 traced)"
 
 
 def find_runs(model: torch.nn.Module, without_first: frozenset[str] = frozenset()) -> list[Run]:

@@ -191,6 +191,12 @@ class StepTrace:
                 "this CPU with freshly initialised weights; what depends on those values (boxes kept, targets "
                 "matched, masks drawn) is what a new model gives, a trained one may differ")
 
+    def replication(self) -> str:
+        """One clause on the blocks traced once and replicated (repeated.py), "" when none were."""
+        if not self.replicated_blocks:
+            return ""
+        return f"{self.replicated_blocks} repeated blocks replicated, not traced: {'; '.join(self.repeated)}"
+
     def uncounted(self) -> dict[str, int]:
         """Ops with no FLOP formula, op name -> calls."""
         counts: dict[str, int] = {}

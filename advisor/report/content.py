@@ -127,7 +127,8 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
             ("Parameters", describe_params(trace).removesuffix(" parameters").replace(" parameters, ", ", ")),
             ("Forward pass", f"{si(trace.model_forward_flops(), 'FLOP')} at batch {memory.traced_batch}"),
             ("Training step", f"{si(trace.flops(), 'FLOP')}, {si(trace.bytes_moved(), 'B')} moved "
-                              f"(batch {memory.traced_batch}; 2 FLOPs per multiply-add)"),
+                              f"(batch {memory.traced_batch}; 2 FLOPs per multiply-add)"
+                              f"{'; ' + trace.replication() if trace.replicated_blocks else ''}"),
         ),
         settings_lines=_settings_lines(estimate),
         recommendations=tuple(recommendations(estimate, budget_usd, deadline_s, max_price_usd, plans or ())),

@@ -1,0 +1,141 @@
+"""Repeated blocks traced once and replicated (advisor/profile/repeated.py, issue #24): the same step as
+tracing every block, or a full trace where that cannot be shown."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from advisor.memory.estimate import StepMemory
+from advisor.profile.adapters import Adaptation
+from advisor.profile.repeated import MIN_RUN, find_runs
+from advisor.profile.trace import trace_training_step
+
+
+class Block(nn.Module):
+    """A pre-norm residual MLP block, numbered as Hugging Face numbers its layers."""
+
+    def __init__(self, width: int, layer_idx: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx  # differs along the run by design: not part of what must be equal
+        self.scale = scale
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.scale * self.down(torch.relu(self.up(self.norm(x))))
+
+
+class Stack(nn.Module):
+    def __init__(self, layers: int = 6, width: int = 16, blocks: list[nn.Module] | None = None) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, width)
+        self.layers = nn.ModuleList(blocks if blocks is not None else [Block(width, i) for i in range(layers)])
+        self.head = nn.Linear(width, 50)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class IndexedStack(Stack):
+    """Reaches its blocks by index over its configured depth: a shortened container cannot serve it."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for i in range(6):
+            x = self.layers[i](x)
+        return self.head(x)
+
+
+def tokens(batch: int) -> torch.Tensor:
+    return torch.randint(0, 50, (batch, 12))
+
+
+def traced_both_ways(build, precision="fp32", optimizer="adamw", **options):
+    return [trace_training_step(build, tokens, 4, precision, optimizer, dedupe=dedupe, **options)
+            for dedupe in (False, True)]
+
+
+def anonymous(trace):
+    """The step's ops as a multiset, modules aside (which of two sibling modules the backward credits an
+    op to may differ between blocks)."""
+    return Counter(replace(r, module="") for r in trace.records)
+
+
+def assert_same_step(full, deduplicated):
+    assert anonymous(deduplicated) == anonymous(full)
+    assert deduplicated.flops() == full.flops() and deduplicated.bytes_moved() == full.bytes_moved()
+    assert deduplicated.memory.peak() == full.memory.peak()
+    one, other = StepMemory.of_trace(full), StepMemory.of_trace(deduplicated)
+    assert (other.reserved, other.allocated, other.tensor_peak) == (one.reserved, one.allocated, one.tensor_peak)
+    assert len(deduplicated.memory.events) == len(full.memory.events)
+
+
+def test_a_run_of_six_blocks_is_traced_as_three_and_gives_the_same_step():
+    full, deduplicated = traced_both_ways(Stack)
+    assert (full.replicated_blocks, deduplicated.replicated_blocks) == (0, 3)  # 6 blocks, 3 kept
+    assert deduplicated.repeated == ("layers.0..5 (6 blocks, 3 traced)",)
+    assert "3 repeated blocks replicated" in deduplicated.replication()
+    assert_same_step(full, deduplicated)
+    # the held-out blocks' ops carry their own names: up's forward mm in every block
+    # addmm 4*12 x 16 @ 16 x 64: 2*48*64*16 = 98,304 FLOPs in each of the 6 blocks
+    forward_up = [r for r in deduplicated.records if r.phase == "forward" and r.module.endswith(".up")]
+    assert sorted(r.module for r in forward_up) == [f"layers.{i}.up" for i in range(6)]
+    assert {r.flops for r in forward_up} == {2 * 48 * 64 * 16}
+
+
+@pytest.mark.parametrize("options", [
+    dict(precision="amp-bf16"),
+    dict(precision="amp-fp16", optimizer="sgd"),
+    dict(precision="bf16", optimizer="adafactor"),
+    dict(checkpointing=True),
+    dict(accumulate_gradients=True, precision="amp-bf16"),
+    dict(adaptation=Adaptation(lora_rank=4, lora_targets=("up", "down"))),
+], ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()))
+def test_the_same_step_in_every_setting(options):
+    full, deduplicated = traced_both_ways(Stack, **options)
+    assert deduplicated.replicated_blocks >= 2  # LoRA's frozen embedding: the run starts at the 2nd block
+    assert_same_step(full, deduplicated)
+
+
+def test_a_transformers_decoder_gives_the_same_step():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                                      num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+
+    def build():
+        return transformers.LlamaForCausalLM(config)
+
+    def loss(output, inputs):
+        return output.logits.float().mean()
+
+    full, deduplicated = [trace_training_step(build, tokens, 2, "amp-bf16", "adamw", loss, dedupe=dedupe)
+                          for dedupe in (False, True)]
+    assert deduplicated.replicated_blocks == 2  # model.layers: 5 blocks, 3 traced
+    assert_same_step(full, deduplicated)
+
+
+def test_blocks_that_differ_or_share_are_not_a_run():
+    assert [run.keys for run in find_runs(Stack())] == [tuple(str(i) for i in range(6))]
+    assert find_runs(Stack(layers=MIN_RUN - 1)) == []
+    shared = Block(16, 0)
+    assert find_runs(Stack(blocks=[shared] * 6)) == []  # one module six times: its gradients add up
+    # a plain attribute that differs (here every third block) splits the run: 3 + 1 + 2, none long enough
+    assert find_runs(Stack(blocks=[Block(16, i, 0.5 if i == 3 else 1.0) for i in range(6)])) == []
+    hooked = Stack()
+    hooked.layers[2].register_forward_hook(lambda module, args, output: None)
+    assert find_runs(hooked) == []  # 0, 1 | 2 | 3, 4, 5
+
+
+def test_a_model_the_shortened_step_cannot_serve_is_traced_in_full():
+    full, deduplicated = traced_both_ways(IndexedStack)
+    assert deduplicated.replicated_blocks == 0
+    assert_same_step(full, deduplicated)
