@@ -3,7 +3,10 @@ package as advisor/_data/<name> (pyproject's package-dir puts it there)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from advisor.errors import UserError
 
 
 def shipped_dir(name: str, marker: str) -> Path:
@@ -15,3 +18,18 @@ def shipped_dir(name: str, marker: str) -> Path:
     installed = package / "_data" / name
     assert (installed / marker).is_file(), f"shipped folder {name}/ missing at {installed}"
     return installed
+
+
+def user_cache_dir() -> Path:
+    """The tool's cache folder (calibrations, traced steps): $GPU_ADVISOR_CACHE_DIR, else
+    $XDG_CACHE_HOME/gpu-advisor, else ~/.cache/gpu-advisor."""
+    explicit = os.environ.get("GPU_ADVISOR_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError as exc:  # no $HOME and no password entry
+            raise UserError(f"no folder for the cache ({exc}); set $GPU_ADVISOR_CACHE_DIR") from None
+    return Path(base) / "gpu-advisor"

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
+
+# The trace cache (advisor/profile/trace_cache.py) stays off in the tests, and in the commands they run, so
+# that every test traces what it checks; tests/test_trace_cache.py turns it on in a folder of its own.
+os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
 
 SOURCES = {
     "sources": [

@@ -29,6 +29,7 @@ from advisor.atomic import write_atomically
 from advisor.calibration.checked import MalformedProfile
 from advisor.calibration.profile import CalibrationProfile, Fingerprint
 from advisor.errors import UserError
+from advisor.paths import user_cache_dir
 
 FORMAT = "gpu-advisor-calibration"
 SCHEMA = 1
@@ -64,16 +65,7 @@ class CacheError(UserError):
 
 def cache_dir() -> Path:
     """$GPU_ADVISOR_CACHE_DIR, else $XDG_CACHE_HOME/gpu-advisor, else ~/.cache/gpu-advisor."""
-    explicit = os.environ.get("GPU_ADVISOR_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        try:
-            base = str(Path.home() / ".cache")
-        except RuntimeError as exc:  # no $HOME and no password entry
-            raise UserError(f"no folder for the calibration cache ({exc}); set $GPU_ADVISOR_CACHE_DIR") from None
-    return Path(base) / "gpu-advisor"
+    return user_cache_dir()
 
 
 def profile_path(device: str) -> Path:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from advisor.estimate.costs import SECONDS_PER_HOUR, CloudCost, Job, Ownership, cloud_costs, ownership, pareto_front
+from advisor.estimate.lowering import cuda_records
 from advisor.estimate.step import StepTime, estimate_accumulated, estimate_records
 from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
@@ -18,7 +19,7 @@ from advisor.estimate.ops import DTYPE_FALLBACK
 from advisor.profile.choices import precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
-from advisor.profile.trace import StepTrace
+from advisor.profile.trace import OpRecord, StepTrace
 
 JOB_GPUS = 1
 """GPUs a job uses: one, until multi-GPU jobs are planned (issue #25); instances with more are listed
@@ -279,11 +280,15 @@ class Estimate:
         }
 
 
-def step_time(trace: StepTrace, settings: MemorySettings, target: EstimateTarget) -> StepTime:
+def step_time(trace: StepTrace, settings: MemorySettings, target: EstimateTarget,
+              lowered: Sequence[OpRecord] | None = None) -> StepTime:
     """Time of one optimizer step on `target`; with gradient accumulation, the traced micro-batch's
-    forward and backward run accumulation_steps times before the one optimizer step."""
+    forward and backward run accumulation_steps times before the one optimizer step. `lowered`: the
+    trace's records as CUDA runs them (lowering.cuda_records), made once for many GPUs."""
     records = trace.records
     if not settings.accumulate_gradients:
+        if lowered is not None and target.device.kind == "gpu":
+            return estimate_records(lowered, trace.precision, target.device, lowered=True)
         return estimate_records(records, trace.precision, target.device)
     micro = [r for r in records if r.phase != "optimizer"]
     optimizer = [r for r in records if r.phase == "optimizer"]
@@ -298,9 +303,9 @@ def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...
 
 
 def estimate_device(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, memory: DeviceMemory,
-                    db: HardwareDB) -> DeviceEstimate:
-    """Step time, job length and money of one device."""
-    step = step_time(trace, settings.memory, target)
+                    db: HardwareDB, lowered: Sequence[OpRecord] | None = None) -> DeviceEstimate:
+    """Step time, job length and money of one device (`lowered`: as step_time)."""
+    step = step_time(trace, settings.memory, target, lowered)
     batch = settings.memory.batch_size
     steps = settings.job.steps_for(batch)
     hours = steps * step.step_s / SECONDS_PER_HOUR
@@ -344,11 +349,12 @@ def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateT
     results = []
     # A CPU has no caching allocator: its peak is the tensors' peak.
     cpu_step = replace(cpu_step, allocated=cpu_step.tensor_peak, reserved=cpu_step.tensor_peak)
+    lowered = cuda_records(trace.records)  # once for every GPU
     for target in targets:
         if target.device.kind == "gpu":
             memory = device_memory(step, target, target.memory_overhead, batch_model,
                                    memory_settings.cuda_context_bytes)
-            results.append(estimate_device(trace, settings, target, memory, db))
+            results.append(estimate_device(trace, settings, target, memory, db, lowered))
         else:
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
             results.append(estimate_device(cpu_trace, settings, target, memory, db))

@@ -61,9 +61,10 @@ class DeviceModel:
         assert self.kind in ("gpu", "cpu"), self.kind
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OpTime:
-    """One op of the step on one device. Seconds."""
+    """One op of the step on one device. Seconds. (Not frozen: a step makes one per op and device, 220,000
+    for the 7B example over the database, and a frozen dataclass takes 7x longer to make; treat as read-only.)"""
 
     phase: str
     module: str
@@ -310,10 +311,12 @@ def estimate_step(trace: StepTrace, device: DeviceModel) -> StepTime:
     return estimate_records(trace.records, trace.precision, device)
 
 
-def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel) -> StepTime:
+def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel,
+                     lowered: bool = False) -> StepTime:
     """Time of these ops, in order, on `device` (see the module's docstring). On a GPU, the CPU
-    decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py)."""
-    if device.kind == "gpu":
+    decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py), unless
+    `lowered` says the caller did (once for many GPUs)."""
+    if device.kind == "gpu" and not lowered:
         records = cuda_records(records)
     timer = _OpTimer(device, precision)
     overheads = device.profile.overheads_s
@@ -321,16 +324,15 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
     host_clock = device_clock = 0.0
     by_bound = dict.fromkeys(BOUNDS, 0.0)
     ops: list[OpTime] = []
-    kernels: dict[tuple, tuple[OpClass, float, float, float, float]] = {}
+    kernels: dict[tuple, tuple[OpClass, float, float, float, float, float]] = {}
     for record in records:
         key = _kernel_key(record)
         timed = kernels.get(key)
         if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
-            timed = kernels[key] = timer.kernel(record)
-        kind, compute, traffic, faults, layout = timed
+            timed = kernels[key] = (*timer.kernel(record), host_seconds(record, overheads, cpu=not queued))
+        kind, compute, traffic, faults, layout, host = timed
         kernel = max(compute, traffic) + faults + layout
         memory = traffic + faults + layout  # page faults and layout transposes are memory time
-        host = host_seconds(record, overheads, cpu=not queued)
         if queued:
             host_clock += host
             wait = max(0.0, host_clock - device_clock)

@@ -14,6 +14,7 @@ from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, 
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, can_fork
 from advisor.profile.adapters import Adaptation
 from advisor.profile.choices import FILE_OPTIMIZER, precision_of
+from advisor.profile import trace_cache
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.profile.trace import StepTrace, trace_training_step
@@ -120,13 +121,37 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
                      attention: str = "cuda", progress: Callable[[str], None] | None = None) -> StepTrace:
     """One traced step of `model` at `batch_size` samples per forward, with the settings' options;
     attention with dropout as GPUs run it, unless `attention` is "cpu" (profile/attention.py).
-    `progress` hears how far a long trace got."""
-    return trace_training_step(model.build_model, model.example_input, batch_size, settings.precision,
-                               settings.optimizer, model.loss_fn, model.source,
-                               checkpointing=settings.checkpointing,
-                               accumulate_gradients=settings.accumulate_gradients, attention=attention,
-                               timeout_s=settings.trace_timeout_s, progress=progress,
-                               build_optimizer=model.optimizer, adaptation=settings.adaptation)
+    `progress` hears how far a long trace got. A step traced before with the same model and settings
+    comes from the trace cache (trace_cache.py) and is stored there when traced."""
+    key = _cache_key(model, settings, batch_size, attention)
+    cached = trace_cache.load(key)
+    if cached is not None:
+        return cached
+    trace = trace_training_step(model.build_model, model.example_input, batch_size, settings.precision,
+                                settings.optimizer, model.loss_fn, model.source,
+                                checkpointing=settings.checkpointing,
+                                accumulate_gradients=settings.accumulate_gradients, attention=attention,
+                                timeout_s=settings.trace_timeout_s, progress=progress,
+                                build_optimizer=model.optimizer, adaptation=settings.adaptation)
+    trace_cache.store(key, trace)
+    return trace
+
+
+def _cache_key(model: ModelFile, settings: MemorySettings, batch_size: int, attention: str) -> str | None:
+    """The trace cache's key of this step (None: not cached)."""
+    return trace_cache.trace_key(model.fingerprint, batch_size=batch_size, seq_len=model.seq_len,
+                                 precision=settings.precision, optimizer=settings.optimizer,
+                                 checkpointing=settings.checkpointing,
+                                 accumulate_gradients=settings.accumulate_gradients, attention=attention,
+                                 adaptation=settings.adaptation)
+
+
+def cached_pair(model: ModelFile, settings: MemorySettings, attention: str = "cuda") -> tuple[StepTrace, StepTrace] | None:
+    """The step at the settings' batch and at twice it, when both are in the trace cache; else None."""
+    batch = settings.traced_batch
+    first = trace_cache.load(_cache_key(model, settings, batch, attention))
+    second = trace_cache.load(_cache_key(model, settings, 2 * batch, attention)) if first is not None else None
+    return None if second is None else (first, second)
 
 
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
@@ -138,6 +163,11 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
     first (see advisor.profile.background); the traces are the same either way."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
+    cached = cached_pair(model, settings, attention) if trace is None else None
+    if cached is not None:
+        progress(f"using the steps of {model.source} traced at batches {batch} and {2 * batch} before "
+                 "(the trace cache)")
+        return cached
     if trace is not None or not (parallel and can_fork()):
         if trace is None:
             progress(f"tracing a training step of {model.source} at batch {batch}")

@@ -66,6 +66,20 @@ def is_hub_spec(spec: str | None) -> bool:
     return spec.startswith(HUB_PREFIX) or (Path(spec).expanduser() / "config.json").is_file()
 
 
+def fingerprint(config: HubConfig) -> str:
+    """SHA-256 of the config and the transformers version: what the architecture built from it depends on
+    (the trace cache's key, trace_cache.py); "" when transformers is not installed."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        transformers = version("transformers")
+    except PackageNotFoundError:
+        return ""
+    text = json.dumps({"config": config.config, "transformers": transformers}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def resolve_config(spec: str) -> HubConfig:
     """The config `spec` names (see the module docstring for the order); a UserError in one sentence when
     it names nothing that can be found."""

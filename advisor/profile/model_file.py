@@ -75,6 +75,10 @@ class ModelFile:
     origin: str = ""
     """Where a model by name came from ("meta-llama/Llama-3.1-8B, config from the built-in catalog"); ""
     for a model file."""
+    fingerprint: str = ""
+    """SHA-256 of what the model's step depends on beyond the settings: the file and the Python files
+    beside it (a helper module it imports), or a named model's config and the transformers version; the
+    trace cache's key (trace_cache.py). "" : not cached."""
 
     def with_seq_len(self, seq_len: int) -> ModelFile:
         """This model file with every example input `seq_len` tokens long (--seq-len); a UserError
@@ -253,7 +257,31 @@ def load_model_file(spec: str | None) -> ModelFile:
         raise UserError(f"{source}: TRAIN_SAMPLES must be a whole number from 1 to {MAX_JOB_SAMPLES:.0e}, "
                         f"got {_short_repr(train_samples)}")
     return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size,
-                     train_samples, optimizer, seq_len, _takes_seq_len(example_input), train_tokens)
+                     train_samples, optimizer, seq_len, _takes_seq_len(example_input), train_tokens,
+                     fingerprint=_file_fingerprint(path))
+
+
+MAX_FINGERPRINT_FILES = 200
+MAX_FINGERPRINT_BYTES = 16 * 2**20
+
+
+def _file_fingerprint(path: Path) -> str:
+    """SHA-256 of the model file and the .py files in its folder (what `import helper` beside it reads);
+    "" (not cached) for a folder with more than MAX_FINGERPRINT_FILES of them or MAX_FINGERPRINT_BYTES."""
+    digest = hashlib.sha256()
+    siblings = sorted(p for p in path.parent.glob("*.py") if p.is_file())
+    if path not in siblings:
+        siblings.insert(0, path)
+    if len(siblings) > MAX_FINGERPRINT_FILES:
+        return ""
+    total = 0
+    for file in siblings:
+        data = file.read_bytes()
+        total += len(data)
+        if total > MAX_FINGERPRINT_BYTES:
+            return ""
+        digest.update(file.name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
 
 
 def load_hub_model(spec: str) -> ModelFile:
@@ -266,7 +294,7 @@ def load_hub_model(spec: str) -> ModelFile:
     return ModelFile(Path(spec), config.name.split("/")[-1], False, hub.build_function(config), example_input,
                      hub.model_loss, "sequences", hub.DEFAULT_BATCH_SIZE, None, None,
                      hub.default_seq_len(config.config), True, hub.DEFAULT_TRAIN_TOKENS,
-                     origin=f"{config.name}, config from {config.origin}")
+                     origin=f"{config.name}, config from {config.origin}", fingerprint=hub.fingerprint(config))
 
 
 def _takes_seq_len(example_input: Callable[..., Any]) -> bool:

@@ -1,0 +1,161 @@
+"""Traced steps kept on disk between runs (issue #24): the second `advisor estimate` of a model with the same
+settings does not trace it again.
+
+A trace is stored under a key that hashes everything it depends on: the model's fingerprint (its file and
+the Python files beside it, or a named model's config and the transformers version: ModelFile.fingerprint),
+the step's settings (batch, precision, optimizer, checkpointing, accumulation, attention path, adapters,
+sequence length), the torch version and the source of the tracer itself (every file of advisor/profile), so
+an edited model, another torch or a new version of the tool traces again. A model without a fingerprint is
+not cached.
+
+Files live in `<cache>/traces/` (the calibration cache's folder: $GPU_ADVISOR_CACHE_DIR, $XDG_CACHE_HOME or
+~/.cache, then gpu-advisor) as `<key>.trace`: one line of JSON (format, schema, key, the payload's length
+and SHA-256), then the pickled StepTrace. A file is used only when it is a regular file owned by this user
+and writable by no one else (pickle runs code: a file someone else could have written is never read), of a
+sane size, with this format, schema and key, whose payload has its length and checksum and unpickles to a
+StepTrace; anything else is deleted and the step traced again. Writes are atomic (advisor.atomic). At most
+MAX_ENTRIES traces and MAX_TOTAL_BYTES are kept, the least recently used dropped first.
+
+$GPU_ADVISOR_TRACE_CACHE=off turns the cache off (the test suite does, but for the tests of this module).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import stat
+import sys
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from advisor.atomic import write_atomically
+from advisor.paths import user_cache_dir
+from advisor.profile.trace import StepTrace
+
+FORMAT = "gpu-advisor-trace"
+SCHEMA = 1
+SUFFIX = ".trace"
+MAX_FILE_BYTES = 512 * 2**20
+"""A trace of the 70B model is about 2 MB; a file over this is not one of ours."""
+MAX_ENTRIES = 48
+MAX_TOTAL_BYTES = 1024 * 2**20
+ENVIRONMENT = "GPU_ADVISOR_TRACE_CACHE"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENVIRONMENT, "").strip().lower() not in ("off", "0", "no", "false")
+
+
+def cache_folder() -> Path:
+    return user_cache_dir() / "traces"
+
+
+@lru_cache(maxsize=1)
+def tracer_fingerprint() -> str:
+    """SHA-256 of the tracer's source (every .py file of advisor/profile) and the torch version."""
+    digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}".encode())
+    folder = Path(__file__).resolve().parent
+    for path in sorted(folder.rglob("*.py")):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def trace_key(fingerprint: str, **settings: Any) -> str | None:
+    """The key of a trace of the model with `fingerprint` at `settings` (JSON-able values, or dataclasses);
+    None when the model has no fingerprint or the cache is off."""
+    if not fingerprint or not enabled():
+        return None
+    described = {name: asdict(value) if hasattr(value, "__dataclass_fields__") else value
+                 for name, value in sorted(settings.items())}
+    text = json.dumps({"format": FORMAT, "schema": SCHEMA, "tracer": tracer_fingerprint(), "model": fingerprint,
+                       "settings": described}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load(key: str | None) -> StepTrace | None:
+    """The trace stored under `key`, or None (nothing there, or a file that fails a check: then deleted)."""
+    if key is None:
+        return None
+    path = cache_folder() / f"{key}{SUFFIX}"
+    try:
+        trace = _read(path, key)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError) as exc:
+        _discard(path, exc)
+        return None
+    try:
+        os.utime(path)  # the least recently used go first
+    except OSError:  # a cache that cannot be touched still serves
+        pass
+    return trace
+
+
+def _read(path: Path, key: str) -> StepTrace:
+    with open(path, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+            raise ValueError("not a trace file")
+        if hasattr(os, "getuid") and (info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+            raise ValueError("a trace file another user could have written")
+        header = json.loads(file.readline(4096))
+        if not isinstance(header, dict) or (header.get("format"), header.get("schema"), header.get("key")) != \
+                (FORMAT, SCHEMA, key):
+            raise ValueError("another format, schema or key")
+        payload = file.read(MAX_FILE_BYTES + 1)
+    if len(payload) != header.get("bytes") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        raise ValueError("a torn or edited trace file")
+    trace = pickle.loads(payload)  # noqa: S301 -- our own file: owner and checksum checked above
+    if not isinstance(trace, StepTrace):
+        raise ValueError("not a StepTrace")
+    return trace
+
+
+def _discard(path: Path, reason: BaseException) -> None:
+    """Delete a cached trace that failed a check (`reason`); the step is traced again and rewritten."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # a file we cannot delete is never read either: it fails the same check next time
+        pass
+
+
+def store(key: str | None, trace: StepTrace) -> bool:
+    """Keep `trace` under `key`; False when the cache is off or its folder cannot be written (the run goes
+    on without it: a cache is never a reason to fail)."""
+    if key is None:
+        return False
+    payload = pickle.dumps(trace, protocol=pickle.HIGHEST_PROTOCOL)
+    header = json.dumps({"format": FORMAT, "schema": SCHEMA, "key": key, "bytes": len(payload),
+                         "sha256": hashlib.sha256(payload).hexdigest()})
+    folder = cache_folder()
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_atomically(folder / f"{key}{SUFFIX}", header.encode() + b"\n" + payload)
+        _evict(folder)
+    except OSError:  # no room, read-only: the next run traces again
+        return False
+    return True
+
+
+def _evict(folder: Path) -> None:
+    """Drop the least recently used traces beyond MAX_ENTRIES or MAX_TOTAL_BYTES."""
+    entries = []
+    for path in folder.glob(f"*{SUFFIX}"):
+        try:
+            info = path.stat()
+        except FileNotFoundError:  # another process evicted it meanwhile
+            continue
+        entries.append((info.st_mtime, info.st_size, path))
+    entries.sort(reverse=True)
+    total = 0
+    for count, (_, size, path) in enumerate(entries):
+        total += size
+        if count >= MAX_ENTRIES or total > MAX_TOTAL_BYTES:
+            path.unlink(missing_ok=True)
