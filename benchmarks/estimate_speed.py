@@ -1,6 +1,15 @@
-"""Wall time and peak RSS of `advisor estimate` over the whole database, beside `advisor profile
---no-fvcore` (one traced step and nothing else) as the baseline, each in a fresh process measured
-from outside (imports count). Medians of --repeats runs.
+"""Speed of `advisor estimate` over the whole database, beside a bare FakeTensorMode + FlopCounterMode pass of
+the same model (build it on fake tensors, forward and backward under torch's FLOP counter: what any tracer of
+the full model pays) measured in the same run, and Llama-3-70B against Llama-3.2-1B (issue #24).
+
+Each figure is the median of --repeats runs, two ways:
+- fresh processes, timed from outside (imports count), peak RSS from the kernel: `advisor estimate MODEL --json
+  --plans never` with the trace cache off (cold: everything traced), the same with the trace cache filled by a
+  run before (warm: a repeated estimate), the default `--plans auto` cold (the fit advisor's searches count),
+  and `--bare MODEL` (this file's bare pass);
+- in one long-lived process, as the TUI runs: the third call of `plan()` and of the bare pass.
+
+Llama-3-70B is hf:llama-3.1-70b: the same 80 layers, widths and vocabulary (the 3.1 config adds RoPE scaling).
 
     python benchmarks/estimate_speed.py [--repeats 3] [--out benchmarks/results/estimate_speed.txt]
 """
@@ -9,45 +18,133 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-CASES = [
-    ("resnet50, batch 32, fp32, all GPUs", ["resnet50"], 5.0),
-    ("llama 7B, batch 1, seq 2048, amp-bf16, all GPUs", ["llama", "--precision", "amp-bf16"], 15.0),
-]
-"""(label, model arguments, the issue's bar in seconds)."""
+MODELS = {
+    "7b": ("llama", "the 7B example (Llama 2 7B layout), batch 1 x 2,048 tokens, amp-bf16"),
+    "1b": ("hf:llama-3.2-1b", "Llama-3.2-1B, batch 8 x 2,048 tokens, amp-bf16"),
+    "70b": ("hf:llama-3.1-70b", "Llama-3-70B (hf:llama-3.1-70b), batch 8 x 2,048 tokens, amp-bf16"),
+}
+BARS = {"7b / bare": 0.5, "70b / 1b": 1.5}
 
 
-def run(argv: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in GB) of `python -m advisor ARGV` in a fresh process."""
+def bare_pass(spec: str) -> float:
+    """Build `spec` on fake tensors and run its forward (under autocast bf16, as estimated) and backward
+    under FlopCounterMode; the FLOPs counted."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from advisor.profile.model_file import load_model_file
+    from advisor.profile.trace import call_model, default_loss
+
+    model_file = load_model_file(spec)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model_file.build_model()
+        inputs = model_file.example_input(model_file.default_batch_size)
+        with FlopCounterMode(display=False) as counter:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                output = call_model(model, inputs)
+                loss = (model_file.loss_fn or default_loss)(output, inputs)
+            loss.backward()
+    return counter.get_total_flops()
+
+
+def fresh(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS in GB) of `python ARGV` in a fresh process."""
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "advisor", *argv], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
-    assert os.waitstatus_to_exitcode(status) == 0, process.stderr.read().decode() if process.stderr else status
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 2), process.stderr.read().decode() if process.stderr else status  # 2: fits nowhere
     return wall, usage.ru_maxrss * 1024 / 1e9
+
+
+def median_of(repeats: int, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    runs = [fresh(argv, env) for _ in range(repeats)]
+    return statistics.median(w for w, _ in runs), max(r for _, r in runs)
+
+
+def in_process(spec: str) -> tuple[float, float]:
+    """(plan() seconds, bare pass seconds), each the third call in this process."""
+    from advisor.app.plan import plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+
+    db = load_hwdb()
+    request = PlanRequest(model=spec, plans="never")
+    times: dict[str, list[float]] = {"plan": [], "bare": []}
+    for _ in range(3):
+        for name, work in (("plan", lambda: plan(request, db)), ("bare", lambda: bare_pass(spec))):
+            started = time.perf_counter()
+            work()
+            times[name].append(time.perf_counter() - started)
+    return times["plan"][-1], times["bare"][-1]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--bare", help=argparse.SUPPRESS)
+    parser.add_argument("--in-process", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    lines = [f"advisor estimate speed, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, medians of {args.repeats}",
-             f"{'case':<50} {'estimate s':>10} {'RSS GB':>7} {'trace-only s':>12} {'ratio':>6} {'bar s':>6}"]
-    for label, model, bar in CASES:
-        estimate = [run(["estimate", *model, "--json"]) for _ in range(args.repeats)]
-        baseline = [run(["profile", *model, "--no-fvcore", "--json"]) for _ in range(args.repeats)]
-        wall = statistics.median(w for w, _ in estimate)
-        base = statistics.median(w for w, _ in baseline)
-        rss = max(r for _, r in estimate)
-        lines.append(f"{label:<50} {wall:>10.2f} {rss:>7.2f} {base:>12.2f} {wall / base:>6.2f} {bar:>6.1f}"
-                     f"  {'ok' if wall < bar else 'OVER'}")
+    if args.bare:
+        bare_pass(args.bare)
+        return 0
+    if args.in_process:
+        os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
+        print(*in_process(args.in_process))
+        return 0
+    cold = {**os.environ, "GPU_ADVISOR_TRACE_CACHE": "off"}
+    cache = tempfile.mkdtemp(prefix="trace-cache-")
+    warm = {**os.environ, "GPU_ADVISOR_TRACE_CACHE": "on", "GPU_ADVISOR_CACHE_DIR": cache}
+    me = str(Path(__file__).resolve())
+    rows: dict[str, dict[str, float]] = {}
+    for key, (spec, _) in MODELS.items():
+        estimate = ["-m", "advisor", "estimate", spec, "--json", "--plans", "never"]
+        row = rows[key] = {}
+        row["bare"], row["bare_rss"] = median_of(args.repeats, [me, "--bare", spec], cold)
+        row["cold"], row["cold_rss"] = median_of(args.repeats, estimate, cold)
+        fresh(estimate, warm)  # fills the trace cache
+        row["warm"], row["warm_rss"] = median_of(args.repeats, estimate, warm)
+        row["auto"], row["auto_rss"] = median_of(1, estimate[:-2], cold)
+        output = subprocess.run([sys.executable, me, "--in-process", spec], capture_output=True, text=True,
+                                env=cold, check=True).stdout.split()
+        row["plan_steady"], row["bare_steady"] = (float(x) for x in output)
+        print(key, row, flush=True)
+    lines = [f"advisor estimate over all GPUs, {time.strftime('%Y-%m-%d')}, {platform.machine()} "
+             f"{os.cpu_count()} CPUs, Python {platform.python_version()}, medians of {args.repeats} fresh processes "
+             "(seconds, imports included; peak RSS GB), and steady state in one process (3rd call)",
+             f"{'model':<4} {'bare':>6} {'cold':>6} {'cold/bare':>9} {'cached':>6} {'cached/bare':>11} "
+             f"{'auto':>6} {'RSS':>5} {'steady':>6} {'bare st.':>8} {'steady/bare':>11}"]
+    for key, row in rows.items():
+        lines.append(f"{key:<4} {row['bare']:>6.2f} {row['cold']:>6.2f} {row['cold'] / row['bare']:>9.2f} "
+                     f"{row['warm']:>6.2f} {row['warm'] / row['bare']:>11.2f} {row['auto']:>6.2f} "
+                     f"{max(row['cold_rss'], row['auto_rss']):>5.2f} {row['plan_steady']:>6.2f} "
+                     f"{row['bare_steady']:>8.2f} {row['plan_steady'] / row['bare_steady']:>11.2f}")
+    lines += [f"{key}: {spec} = {what}" for key, (spec, what) in MODELS.items()]
+    ratios = {
+        "7b / bare, cold": rows["7b"]["cold"] / rows["7b"]["bare"],
+        "7b / bare, cached": rows["7b"]["warm"] / rows["7b"]["bare"],
+        "7b / bare, steady": rows["7b"]["plan_steady"] / rows["7b"]["bare_steady"],
+        "70b / 1b, cold": rows["70b"]["cold"] / rows["1b"]["cold"],
+        "70b / 1b, steady": rows["70b"]["plan_steady"] / rows["1b"]["plan_steady"],
+        "70b / 1b, bare pass (for comparison)": rows["70b"]["bare"] / rows["1b"]["bare"],
+    }
+    for name, value in ratios.items():
+        bar = next((b for prefix, b in BARS.items() if name.startswith(prefix)), None)
+        verdict = "" if bar is None else f"  (bar {bar}: {'met' if value <= bar else 'NOT met'})"
+        lines.append(f"{name}: {value:.2f}{verdict}")
+    worst_rss = max(max(row["cold_rss"], row["auto_rss"]) for row in rows.values())
+    lines.append(f"peak RSS over every run: {worst_rss:.2f} GB (bar 1 GB: {'met' if worst_rss < 1 else 'NOT met'})")
     text = "\n".join(lines)
     print(text)
     if args.out:

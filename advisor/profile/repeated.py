@@ -404,8 +404,15 @@ def expand_records(records: Sequence[Any], ticks: Sequence[int], located: Sequen
         for iteration in segment.iterations:
             key = run.keys[iteration]
             source_key = run.keys[1] if template == 1 else key
-            expanded.extend(by_segment[item] if key == source_key else
-                            [replace(rec, module=_renamed(rec.module, run, source_key, key)) for rec in by_segment[item]])
+            if key == source_key:
+                expanded.extend(by_segment[item])
+                continue
+            names: dict[str, str] = {}
+            for rec in by_segment[item]:
+                name = names.get(rec.module)
+                if name is None:
+                    name = names[rec.module] = _renamed(rec.module, run, source_key, key)
+                expanded.append(rec if name == rec.module else replace(rec, module=name))
     return expanded
 
 
@@ -416,7 +423,7 @@ def _check_same_ops(located: RunTicks, by_segment: dict[tuple[int, str, int], li
     f0, f1, f2 = (by_segment[(index, "forward", t)] for t in (0, 1, 2))
     b2, b1, b0 = (by_segment[(index, "backward", t)] for t in (2, 1, 0))
     f1 = _coarse(f1, run, template)
-    if _coarse(f0, run, first) != f1:
+    if len(f0) != len(f1) or _coarse(f0, run, first) != f1:
         raise NotRepeated(f"{run.block_name(first)}'s forward differs from {run.block_name(template)}'s",
                           first=frozenset({run.path}))
     if _coarse(f2, run, last) != f1[:len(f2)]:
@@ -429,8 +436,10 @@ def _check_same_ops(located: RunTicks, by_segment: dict[tuple[int, str, int], li
         raise NotRepeated(f"{run.block_name(last)}'s backward differs from {run.block_name(template)}'s")
 
 
-def _anonymous(records: Sequence[Any]) -> list[Any]:
-    return [replace(r, module="") for r in records]
+def _anonymous(records: Sequence[Any]) -> list[tuple]:
+    """The records as tuples of everything but their module."""
+    return [(r.phase, r.op, r.flops, r.bytes_read, r.bytes_written, r.dtypes, r.matmul, r.counted, r.gemm,
+             r.allocated, r.conv, r.tensors) for r in records]
 
 
 # --------------------------------------------------------------------------- memory

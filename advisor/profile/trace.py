@@ -272,6 +272,10 @@ class _Recorder(TorchDispatchMode):
                  fake_mode: FakeTensorMode | None = None, watch: TraceWatch | None = None,
                  memory_limit: int | None = None) -> None:
         super().__init__()
+        self.first_step_aliases = False
+        """In the optimizer's first, unrecorded step (which only makes its state), an out-of-place
+        multi-tensor op returns its first list unchanged (_aliased_in_first_step): set for the optimizers of
+        FIRST_STEP_ALIASES, whose first step feeds such results only to other multi-tensor ops."""
         self.shortcut_optimizer = False
         """Answer the optimizer's in-place multi-tensor ops and `.item()`s without running them on the fake
         tensors (_answered_by_shapes): set for the optimizers of make_optimizer, whose ops are known to fit."""
@@ -308,6 +312,8 @@ class _Recorder(TorchDispatchMode):
         if self.shortcut_optimizer and self.phase == "optimizer" and _answered_by_shapes(func, args):
             out = _stand_in_scalar(args[0]) if func.overloadpacket.__name__ == SCALAR_ITEM else None
             return self._record(func, args, kwargs, out, first_storage)
+        if self.first_step_aliases and not self.recording and _aliased_in_first_step(func, args):
+            return next(list(a) for a in args if _tensor_list(a))
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
@@ -403,6 +409,24 @@ def _answered_by_shapes(func: Any, args: tuple) -> bool:
     if name == SCALAR_ITEM:
         return isinstance(args[0], FakeTensor)
     if not (name.startswith("_foreach_") and name.endswith("_")) or func._schema.returns:
+        return False
+    return all(isinstance(t, FakeTensor) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
+
+
+FIRST_STEP_ALIASES = frozenset({"sgd", "momentum", "adam", "adamw"})
+"""make_optimizer's foreach optimizers: in their steps, what a multi-tensor op returns goes only into other
+multi-tensor ops (torch.optim's _multi_tensor_adam and _multi_tensor_sgd)."""
+
+
+def _tensor_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
+
+
+def _aliased_in_first_step(func: Any, args: tuple) -> bool:
+    """An out-of-place multi-tensor op on fake tensors (`_foreach_sqrt`): in the unrecorded first step, whose
+    temporaries nobody sees, its first list stands for its result (same shapes, no tensors made)."""
+    name = func.overloadpacket.__name__
+    if not name.startswith("_foreach_") or name.endswith("_") or not any(_tensor_list(a) for a in args):
         return False
     return all(isinstance(t, FakeTensor) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
 
@@ -675,10 +699,12 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         recorder = _Recorder(tracker, memory, fake_mode if values == "fake+real-inputs" else None, setup.watch,
                              memory_limit)
         recorder.shortcut_optimizer = setup.optimizer != FILE_OPTIMIZER and not real
+        recorder.first_step_aliases = setup.optimizer in FIRST_STEP_ALIASES and not real
         with tracker, recorder:
             recorder.phase = "optimizer"
             with _optimizer_code(setup, "the optimizer's first step"):
                 _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients, fake=not real)
+            recorder.first_step_aliases = False
             _label_step_state(memory, model, opt, inputs, params, setup.accumulate_gradients)
             accumulated = _template_gradients(runs, memory) if setup.accumulate_gradients else {}
             memory.open_step("forward")
