@@ -16,7 +16,7 @@ Autocast's low-precision copies of weights are `weight_copies`.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,6 +188,8 @@ class LiveMemoryTracker(TorchDispatchMode):
         self._silent = False
         self._copies: dict[int, tuple[int, int]] = {}  # storage -> (template storage, iteration)
         self._kept: dict[int, int] = {}  # storage -> its index in the last close_step's LiveMemory
+        self._alike: dict[int, int] = {}  # storage registered alike (register_alike) -> its template
+        self._before_order: dict[int, tuple[int, int, int]] = {}  # its place among the storages before the step
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._silent:
@@ -259,6 +261,35 @@ class LiveMemoryTracker(TorchDispatchMode):
         index = self._register(tensor.untyped_storage(), "(copy of a held-out block's)", None, copy=True)
         self._copies[index] = (template_index, iteration)
 
+    def register_alike(self, templates: Sequence[torch.Tensor], count: int) -> None:
+        """`count` groups of storages like `templates`' that exist when the step starts and live through it,
+        with their roles: the optimizer state (or accumulated gradients) of held-out blocks' parameters,
+        whose optimizer only steps their template's (repeated.OptimizerReplicas). No tensor is made; they
+        come right after the templates' last, group by group, as a step over every parameter makes them."""
+        indices = [self._ids.get(t.untyped_storage()) for t in templates]
+        indices = list(dict.fromkeys(i for i in indices if i is not None))
+        assert self.state == "before", "made before the step"
+        if not indices:
+            return
+        anchor = max(indices)
+        for copy in range(count):
+            for position, template_index in enumerate(indices):
+                self._nbytes.append(self._nbytes[template_index])
+                self._allocated.append(BEFORE_STEP)
+                self._freed.append(None)
+                self._category.append(None)
+                self._op.append(self._op[template_index])
+                self._alike[len(self._nbytes) - 1] = template_index
+                self._before_order[len(self._nbytes) - 1] = (anchor, 1 + copy, position)
+
+    def groups_in_result(self, groups: Sequence[tuple[tuple[int, ...], int]]) -> list[tuple[tuple[int, ...], int]]:
+        """`groups` of registered storages, by their index in the last close_step's LiveMemory."""
+        return [(tuple(self._kept[i] for i in members), count) for members, count in groups]
+
+    def nbytes_of(self, index: int) -> int:
+        """Bytes of registered storage `index`."""
+        return self._nbytes[index]
+
     def index_of(self, tensor: torch.Tensor) -> int | None:
         """The registered storage of `tensor`, None when the tracker has not seen it."""
         return self._ids.get(tensor.untyped_storage())
@@ -303,6 +334,7 @@ class LiveMemoryTracker(TorchDispatchMode):
 
     def _result(self) -> LiveMemory:
         alive_before = [i for i, a in enumerate(self._allocated) if a == BEFORE_STEP and self._freed[i] != BEFORE_STEP]
+        alive_before.sort(key=lambda i: self._before_order.get(i, (i, 0, 0)))
         during = [i for _, i in self._events if i >= 0]
         kept = alive_before + during + list(self._copies)
         new_index = {old: new for new, old in enumerate(kept)}
@@ -320,6 +352,8 @@ class LiveMemoryTracker(TorchDispatchMode):
         return LiveMemory(storages, tuple(events), tuple(ticks), dict(self.phase_starts), self.tick + 1)
 
     def _final_category(self, index: int) -> str:
+        if index in self._alike:
+            return self._final_category(self._alike[index])
         category = self._category[index]
         if category is not None:
             return category

@@ -445,12 +445,16 @@ def _anonymous(records: Sequence[Any]) -> list[tuple]:
 # --------------------------------------------------------------------------- memory
 
 
-def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tuple[int, int]]) -> Any:
+def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tuple[int, int]],
+                  groups: Sequence[tuple[tuple[int, ...], int]] = ()) -> Any:
     """The whole step's storage lives (live_memory.LiveMemory) from the shortened step's: every storage
     the template iterations allocate once per block they stand for, freed where the pattern puts it
     (see the module docstring). `copies`: storages made outside the ops for held-out blocks (their
-    gradients), storage -> (the template storage it copies, iteration). NotRepeated when a storage's
-    life does not fit the pattern."""
+    gradients), storage -> (the template storage it copies, iteration); `groups`: storages made outside the
+    runs that stand for several (OptimizerReplicas.groups): their copies are made after the group's last
+    and freed after its last, block by block. NotRepeated when a storage's life does not fit the pattern."""
+    group_of = {index: group for group in groups for index in group[0]}
+    alive_in_group = {group: len(group[0]) for group in groups}
     from advisor.profile.live_memory import LiveMemory, StorageLife
 
     segments = segments_of(located)
@@ -525,6 +529,19 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
             old = event if event >= 0 else ~event
             if event >= 0:
                 allocate(old, (old, None), new_tick)
+                group = group_of.get(old)
+                if group is not None and old == group[0][-1]:
+                    for copy in range(group[1]):
+                        for member in group[0]:
+                            allocate(member, (member, -1 - copy), new_tick)
+            elif old in group_of and where.get(old) is None:
+                free((old, None), new_tick)
+                group = group_of[old]
+                alive_in_group[group] -= 1
+                if not alive_in_group[group]:
+                    for copy in range(group[1]):
+                        for member in group[0]:
+                            free((member, -1 - copy), new_tick)
             elif old in copies:
                 template, iteration = copies[old]
                 free((template, iteration), new_tick)
@@ -589,3 +606,118 @@ def _correspondence(located: Sequence[RunTicks], by_segment: dict[Segment, list[
                     raise NotRepeated("blocks of one run allocated differently")
                 correspond[e] = t
     return correspond
+
+
+# --------------------------------------------------------------------------- the optimizer
+
+
+def held_out_ids(runs: Sequence[Run]) -> set[int]:
+    """id() of every parameter of the runs' held-out blocks."""
+    return {id(param) for run in runs for param, _, _ in held_out_parameters(run)}
+
+
+def template_multiplicity(runs: Sequence[Run]) -> list[tuple[torch.nn.Parameter, int]]:
+    """(template block's parameter, how many held-out blocks stand behind it) for every run."""
+    found = []
+    for run in runs:
+        for _, param in run.container._modules[run.keys[1]].named_parameters():
+            if param.requires_grad:
+                found.append((param, len(run.held_out)))
+    return found
+
+
+def _tensor_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
+
+
+def _take(value: Any, positions: Sequence[int], length: int) -> Any:
+    """`value`'s elements at `positions` when it is a list of `length` (tensors or scalars), else `value`."""
+    if isinstance(value, (list, tuple)) and len(value) == length:
+        return [value[p] for p in positions]
+    return value
+
+
+class OptimizerReplicas:
+    """The optimizer's step over the kept parameters, made the step over every parameter: the held-out
+    blocks' parameters are those of their template, so every op of the step that touches a template's
+    tensor (its parameter, gradient, state, or a temporary made from them) is done again for each held-out
+    block. A multi-tensor op (`_foreach_lerp_`) takes the template's share of its lists (their positions)
+    once more per held-out block, in its cost and its tensor count; any other op is repeated whole. The
+    storages such ops make are repeated too (`replicated`: storage -> copies), made and freed with them."""
+
+    def __init__(self, seeds: Sequence[tuple[torch.Tensor, int]]) -> None:
+        from torch.utils.weak import WeakTensorKeyDictionary
+
+        self.copies: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        for tensor, count in seeds:
+            self.copies[tensor] = count
+        self.groups: list[tuple[tuple[int, ...], int]] = []
+        """Storages one op made for template tensors, in order, and the copies each stands for: the copies
+        are made after the group's last, block by block, as the step over every parameter makes them."""
+
+    def seed(self, tensors: Sequence[torch.Tensor], count: int) -> None:
+        for tensor in tensors:
+            self.copies[tensor] = count
+
+    def expand(self, record: Any, func: Any, args: tuple, kwargs: dict, out: Any,
+               cost_of: Callable[..., Any], storage_of: Callable[[torch.Tensor], int | None],
+               size_of: Callable[[int], int]) -> list[Any]:
+        """The records that stand for `record` (an op of the step over the kept parameters)."""
+        lists = [a for a in args if _tensor_list(a)]
+        if lists:
+            return [self._expand_lists(record, func, args, kwargs, out, lists, cost_of, storage_of, size_of)]
+        flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        count = max((self.copies.get(t, 0) for t in flat), default=0)
+        if not count:
+            return [record]
+        self._mark([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)], count, storage_of,
+                   record.allocated)
+        return [record] * (count + 1)
+
+    def _mark(self, tensors: Sequence[torch.Tensor], count: int, storage_of: Callable[[torch.Tensor], int | None],
+              made: Sequence[int]) -> None:
+        """Tensors made from template tensors stand for `count` more; those whose storage the op made
+        (`made` is not empty) form a group of storages to copy."""
+        indices = []
+        for tensor in tensors:
+            self.copies[tensor] = count
+            index = storage_of(tensor)
+            if index is not None and made and index not in indices:
+                indices.append(index)
+        if indices:
+            self.groups.append((tuple(indices), count))
+
+    def _expand_lists(self, record: Any, func: Any, args: tuple, kwargs: dict, out: Any, lists: list[Any],
+                      cost_of: Callable[..., Any], storage_of: Callable[[torch.Tensor], int | None],
+                      size_of: Callable[[int], int]) -> Any:
+        length = len(lists[0])
+        by_count: dict[int, list[int]] = {}
+        for position in range(length):
+            count = max((self.copies.get(a[position], 0) for a in lists if len(a) == length), default=0)
+            if count:
+                by_count.setdefault(count, []).append(position)
+        if not by_count:
+            return record
+        outputs = list(out) if _tensor_list(out) and len(out) == length else None
+        flops, read, written = record.flops, record.bytes_read, record.bytes_written
+        tensors, allocated = record.tensors, list(record.allocated)
+        # tensors outside the lists (a step count's increment, found_inf) are read once, whatever the lists
+        shared = sum(t.untyped_storage().nbytes() for t in tree_flatten(
+            [a for a in args if not isinstance(a, (list, tuple))] + list(kwargs.values()))[0]
+            if isinstance(t, torch.Tensor))
+        for count, positions in sorted(by_count.items(), key=lambda item: -item[1][-1]):
+            share_args = tuple(_take(a, positions, length) for a in args)
+            share_kwargs = {name: _take(v, positions, length) for name, v in kwargs.items()}
+            share_out = None if outputs is None else [outputs[p] for p in positions]
+            cost = cost_of(func, share_args, share_kwargs, share_out)
+            flops += count * cost.flops
+            read += count * (cost.bytes_read - shared)
+            written += count * cost.bytes_written
+            tensors += count * len(positions)
+            if share_out:
+                self._mark(share_out, count, storage_of, record.allocated)
+                if len(allocated) >= length:  # one new storage per output: the copies go after the template's
+                    sizes = [allocated[p] for p in positions]
+                    allocated[positions[-1] + 1:positions[-1] + 1] = sizes * count
+        return replace(record, flops=flops, bytes_read=read, bytes_written=written, tensors=tensors,
+                       allocated=tuple(allocated))

@@ -48,13 +48,16 @@ from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
 from advisor.profile.repeated import (
     BlockClock,
     NotRepeated,
+    OptimizerReplicas,
     Run,
     expand_memory,
     expand_records,
     find_runs,
+    held_out_ids,
     held_out_parameters,
     locate,
     shortened,
+    template_multiplicity,
 )
 from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
@@ -272,6 +275,8 @@ class _Recorder(TorchDispatchMode):
                  fake_mode: FakeTensorMode | None = None, watch: TraceWatch | None = None,
                  memory_limit: int | None = None) -> None:
         super().__init__()
+        self.replicas: OptimizerReplicas | None = None
+        """With repeated blocks held out: the optimizer's ops on their template's tensors, done again for them."""
         self.first_step_aliases = False
         """In the optimizer's first, unrecorded step (which only makes its state), an out-of-place
         multi-tensor op returns its first list unchanged (_aliased_in_first_step): set for the optimizers of
@@ -342,12 +347,15 @@ class _Recorder(TorchDispatchMode):
         except Exception as exc:
             raise _CostFormulaError(f"cost formula of {func} failed: {exc!r}") from exc
         if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
-            self.records.append(
-                OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
-                         cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
-                         self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
-            )
-            self.ticks.append(self.memory.tick)
+            record = OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
+                              cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
+                              self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
+            records = [record]
+            if self.replicas is not None and self.phase == "optimizer":
+                records = self.replicas.expand(record, func, args, kwargs, out, op_cost, self.memory.index_of,
+                                               self.memory.nbytes_of)
+            self.records.extend(records)
+            self.ticks.extend([self.memory.tick] * len(records))
         return out
 
     # ------------------------------------------------------------------ real-inputs fallback
@@ -693,7 +701,12 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             raise UserError(f"{source or 'the model'} has no trainable parameters")
         checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
         runs = find_runs(model, without_first) if dedupe else []
-        opt = _optimizer(setup, params)
+        # make_optimizer's optimizers step only the kept blocks' parameters; OptimizerReplicas does the
+        # held-out blocks' share again from their template's (a model file's own optimizer steps them all)
+        replicate_optimizer = bool(runs) and setup.optimizer != FILE_OPTIMIZER
+        held_out = held_out_ids(runs) if replicate_optimizer else set()
+        stepped = [p for p in params if id(p) not in held_out]
+        opt = _optimizer(setup, stepped)
         scaler = _GradScalerOps() if precision_of(setup.precision).grad_scaler else None
         tracker = _StepModuleTracker()
         recorder = _Recorder(tracker, memory, fake_mode if values == "fake+real-inputs" else None, setup.watch,
@@ -703,9 +716,11 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         with tracker, recorder:
             recorder.phase = "optimizer"
             with _optimizer_code(setup, "the optimizer's first step"):
-                _create_optimizer_state(opt, params, keep_gradients=setup.accumulate_gradients, fake=not real)
+                _create_optimizer_state(opt, stepped, keep_gradients=setup.accumulate_gradients, fake=not real)
             recorder.first_step_aliases = False
-            _label_step_state(memory, model, opt, inputs, params, setup.accumulate_gradients)
+            if replicate_optimizer:
+                _state_alike(runs, opt, memory, setup.accumulate_gradients)
+            _label_step_state(memory, model, opt, inputs, stepped, setup.accumulate_gradients)
             accumulated = _template_gradients(runs, memory) if setup.accumulate_gradients else {}
             memory.open_step("forward")
             recorder.phase, recorder.recording = "forward", True
@@ -723,8 +738,10 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
                 backward_runs_here()  # a child forked from now on could not trace (background.can_fork)
                 with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
                     (loss if scaler is None else scaler.scale(loss)).backward()
-            if runs:
+            if runs and not replicate_optimizer:
                 _copy_gradients(runs, memory, recorder, accumulated)
+            if replicate_optimizer:
+                recorder.replicas = _optimizer_replicas(runs, opt)
             memory.label([p.grad for p in params if p.grad is not None], "gradients")
             _check_sparse_gradients(params, setup)
             memory.start_phase("optimizer")
@@ -743,7 +760,8 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
     if runs:
         located = locate(clock)
         records = expand_records(recorder.records, recorder.ticks, located)
-        live_memory = expand_memory(live_memory, located, memory.copies())
+        live_memory = expand_memory(live_memory, located, memory.copies(),
+                                    memory.groups_in_result(recorder.replicas.groups) if recorder.replicas else ())
         fused_calls += clock.added(0)
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
                      tuple(records), values,
@@ -770,6 +788,32 @@ def _shortened_step(runs: list[Run], watch: TraceWatch) -> Iterator[None]:
         if watch.expired:
             raise
         raise NotRepeated(f"the step through the kept blocks failed: {exc!r}") from exc
+
+
+def _state_alike(runs: list[Run], opt: torch.optim.Optimizer, memory: LiveMemoryTracker,
+                 accumulate: bool) -> None:
+    """The optimizer state (and, accumulating, the gradients) of the held-out blocks' parameters, which the
+    optimizer does not step: storages alike their template's, alive through the step."""
+    by_run: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for template, count in template_multiplicity(runs):
+        gradients, state = by_run.setdefault(count, ([], []))
+        state += [t for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
+        if accumulate and template.grad is not None:
+            gradients.append(template.grad)
+    for count, (gradients, state) in by_run.items():
+        memory.register_alike(gradients, count)
+        memory.register_alike(state, count)
+
+
+def _optimizer_replicas(runs: list[Run], opt: torch.optim.Optimizer) -> OptimizerReplicas:
+    """What the optimizer's step does to the template blocks' tensors is done again per held-out block."""
+    seeds: list[tuple[torch.Tensor, int]] = []
+    for template, count in template_multiplicity(runs):
+        seeds.append((template, count))
+        if template.grad is not None:
+            seeds.append((template.grad, count))
+        seeds += [(t, count) for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
+    return OptimizerReplicas(seeds)
 
 
 def _template_gradients(runs: list[Run], memory: LiveMemoryTracker) -> dict[int, int | None]:
