@@ -22,7 +22,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from advisor.errors import UserError
 
@@ -48,10 +48,26 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def terminate_on_sigterm() -> None:
-    """From now on SIGTERM raises `Terminated` in the main thread (only the main thread may set it)."""
+def terminate_on_sigterm(prog: str = "advisor") -> None:
+    """From now on SIGTERM raises `Terminated` in the main thread (only the main thread may set it), and a
+    Ctrl-C or SIGTERM whose exception CPython swallows ends the process anyway (_leave_when_swallowed)."""
     with contextlib.suppress(ValueError):  # not the main thread: keep the default (the process dies)
         signal.signal(signal.SIGTERM, _raise_terminated)
+    sys.unraisablehook = _leave_when_swallowed(sys.unraisablehook, prog)
+
+
+def _leave_when_swallowed(previous: Any, prog: str) -> Any:
+    """An unraisable hook: a signal's exception raised while CPython runs a weakref callback or `__del__`
+    (the import system's module-lock callbacks, run by any garbage collection) cannot propagate; CPython
+    prints "Exception ignored in ..." and goes on, and a model looping in Python never stops. Then the
+    process leaves at once, as the exception would have made it: the one line and the exit code of
+    report_exit (trace children die with it: background.die_with_parent)."""
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, (KeyboardInterrupt, Terminated)):
+            exit_now(report_exit(exc, prog))
+        previous(unraisable)
+    return hook
 
 
 @contextlib.contextmanager

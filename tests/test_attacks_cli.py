@@ -214,6 +214,30 @@ def test_no_process_outlives_advisor(tmp_path: Path, signum: int, code: int, lin
     _assert_gone(children)
 
 
+@pytest.mark.parametrize("exception, code, line", [("KeyboardInterrupt", 130, "advisor: interrupted"),
+                                                    ("Terminated", 143, "advisor: terminated")])
+def test_a_signal_swallowed_by_a_weakref_callback_still_ends_the_process(exception: str, code: int,
+                                                                          line: str) -> None:
+    """Ctrl-C landing in a weakref callback (the import system's module locks have them) is "ignored" by
+    CPython and a looping model never stops (seen once in this file's signal test): the process leaves
+    anyway, with the usual one line and exit code."""
+    script = f"""
+import weakref
+from advisor.process import Terminated, terminate_on_sigterm
+terminate_on_sigterm()
+class Anything: pass
+thing = Anything()
+def callback(reference):
+    raise {exception}()
+reference = weakref.ref(thing, callback)
+del thing  # the callback runs here; its exception cannot propagate
+print("still running")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stdout, done.stderr.strip().splitlines()) == (code, "", [line])
+
+
 def test_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`advisor gpus | head -1`: no BrokenPipeError traceback."""
     reader = subprocess.Popen([sys.executable, "-m", "advisor", "gpus"], cwd=tmp_path, stdout=subprocess.PIPE,

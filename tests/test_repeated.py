@@ -73,10 +73,15 @@ def anonymous(trace):
 def assert_same_step(full, deduplicated):
     assert anonymous(deduplicated) == anonymous(full)
     assert deduplicated.flops() == full.flops() and deduplicated.bytes_moved() == full.bytes_moved()
-    assert deduplicated.memory.peak() == full.memory.peak()
+    # the same peak, when and of what: its tick may differ (the full step's optimizer asks each parameter's
+    # device, ops the shortened one asks fewer times)
+    peaks = [(p.bytes, p.phase, p.by_category) for p in (full.memory.peak(), deduplicated.memory.peak())]
+    assert peaks[0] == peaks[1]
     one, other = StepMemory.of_trace(full), StepMemory.of_trace(deduplicated)
     assert (other.reserved, other.allocated, other.tensor_peak) == (one.reserved, one.allocated, one.tensor_peak)
     assert len(deduplicated.memory.events) == len(full.memory.events)
+    # the same storages (a per-parameter optimizer loop, Adafactor's, makes the copies in another order)
+    assert sorted(s.nbytes for s in deduplicated.memory.storages) == sorted(s.nbytes for s in full.memory.storages)
 
 
 def test_a_run_of_six_blocks_is_traced_as_three_and_gives_the_same_step():

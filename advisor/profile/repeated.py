@@ -643,7 +643,9 @@ class OptimizerReplicas:
     tensor (its parameter, gradient, state, or a temporary made from them) is done again for each held-out
     block. A multi-tensor op (`_foreach_lerp_`) takes the template's share of its lists (their positions)
     once more per held-out block, in its cost and its tensor count; any other op is repeated whole. The
-    storages such ops make are repeated too (`replicated`: storage -> copies), made and freed with them."""
+    storages such ops make are repeated too (`groups`), made and freed with them: in the order a full step
+    makes them for multi-tensor ops; a per-parameter loop (Adafactor's) makes each op's copies right after
+    it, where the full step makes them one parameter later (the same storages, sizes and lives)."""
 
     def __init__(self, seeds: Sequence[tuple[torch.Tensor, int]]) -> None:
         from torch.utils.weak import WeakTensorKeyDictionary
