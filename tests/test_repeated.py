@@ -144,3 +144,28 @@ def test_a_model_the_shortened_step_cannot_serve_is_traced_in_full():
     full, deduplicated = traced_both_ways(IndexedStack)
     assert deduplicated.replicated_blocks == 0
     assert_same_step(full, deduplicated)
+
+
+def test_a_repeated_block_is_timed_once_with_the_same_step_time():
+    """The estimator times one copy of a repeated block's ops and stands it for the rest once the host and
+    device clocks repeat (step.chunks_of, _Clock.run_copies): the same step time and op table as timing
+    every copy, on a host-bound and a device-bound GPU."""
+    from advisor.app.plan import targets_for
+    from advisor.app.request import PlanRequest
+    from advisor.estimate.step import estimate_records, estimate_step
+    from advisor.hardware.loader import load_hwdb
+
+    full, deduplicated = traced_both_ways(lambda: Stack(layers=8))
+    assert deduplicated.repeats  # forward and backward spans of the 5 held-out-and-template copies
+    for target in targets_for(PlanRequest(gpus=("h100-sxm", "t4")), load_hwdb()):
+        every_copy = estimate_records(full.records, full.precision, target.device)
+        once = estimate_step(deduplicated, target.device)
+        assert once.step_s == pytest.approx(every_copy.step_s, rel=1e-12)
+        assert len(once.ops) < len(every_copy.ops)
+        rows = [{(row["op"], row["phase"]): row for row in step.top_ops(50)} for step in (once, every_copy)]
+        assert rows[0].keys() == rows[1].keys()
+        for key, row in rows[0].items():
+            other = rows[1][key]
+            assert (row["calls"], row["bound"], row["flops"], row["bytes"]) == \
+                (other["calls"], other["bound"], other["flops"], other["bytes"])
+            assert row["seconds"] == pytest.approx(other["seconds"], rel=1e-9)

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from advisor.estimate.costs import SECONDS_PER_HOUR, CloudCost, Job, Ownership, cloud_costs, ownership, pareto_front
-from advisor.estimate.lowering import cuda_records
-from advisor.estimate.step import StepTime, estimate_accumulated, estimate_records
+from advisor.estimate.step import Chunks, StepTime, chunks_of, estimate_accumulated, estimate_chunks
 from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
@@ -19,7 +18,7 @@ from advisor.estimate.ops import DTYPE_FALLBACK
 from advisor.profile.choices import precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
-from advisor.profile.trace import OpRecord, StepTrace
+from advisor.profile.trace import StepTrace
 
 JOB_GPUS = 1
 """GPUs a job uses: one, until multi-GPU jobs are planned (issue #25); instances with more are listed
@@ -281,15 +280,15 @@ class Estimate:
 
 
 def step_time(trace: StepTrace, settings: MemorySettings, target: EstimateTarget,
-              lowered: Sequence[OpRecord] | None = None) -> StepTime:
+              lowered: Chunks | None = None) -> StepTime:
     """Time of one optimizer step on `target`; with gradient accumulation, the traced micro-batch's
     forward and backward run accumulation_steps times before the one optimizer step. `lowered`: the
-    trace's records as CUDA runs them (lowering.cuda_records), made once for many GPUs."""
+    trace's chunks as CUDA runs them (step.chunks_of), made once for many GPUs."""
     records = trace.records
     if not settings.accumulate_gradients:
-        if lowered is not None and target.device.kind == "gpu":
-            return estimate_records(lowered, trace.precision, target.device, lowered=True)
-        return estimate_records(records, trace.precision, target.device)
+        gpu = target.device.kind == "gpu"
+        chunks = lowered if lowered is not None and gpu else chunks_of(records, trace.repeats, gpu)
+        return estimate_chunks(chunks, trace.precision, target.device)
     micro = [r for r in records if r.phase != "optimizer"]
     optimizer = [r for r in records if r.phase == "optimizer"]
     return estimate_accumulated(micro, optimizer, settings.accumulation_steps, trace.precision, target.device)
@@ -303,7 +302,7 @@ def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...
 
 
 def estimate_device(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, memory: DeviceMemory,
-                    db: HardwareDB, lowered: Sequence[OpRecord] | None = None) -> DeviceEstimate:
+                    db: HardwareDB, lowered: Chunks | None = None) -> DeviceEstimate:
     """Step time, job length and money of one device (`lowered`: as step_time)."""
     step = step_time(trace, settings.memory, target, lowered)
     batch = settings.memory.batch_size
@@ -349,7 +348,7 @@ def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateT
     results = []
     # A CPU has no caching allocator: its peak is the tensors' peak.
     cpu_step = replace(cpu_step, allocated=cpu_step.tensor_peak, reserved=cpu_step.tensor_peak)
-    lowered = cuda_records(trace.records)  # once for every GPU
+    lowered = chunks_of(trace.records, trace.repeats, gpu=True)  # once for every GPU
     for target in targets:
         if target.device.kind == "gpu":
             memory = device_memory(step, target, target.memory_overhead, batch_model,

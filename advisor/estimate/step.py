@@ -89,6 +89,9 @@ class OpTime:
     layout_s: float = 0.0
     """Of memory_s, the transposes of channels-first tensors to NHWC and back around a tensor-core
     convolution (0 for any other op)."""
+    calls: int = 1
+    """Calls this entry stands for (a repeated block's op, or a micro-batch's, times its repeats): its
+    flops, bytes and seconds are the total over them."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,7 +138,7 @@ class StepTime:
             by_bound = dict.fromkeys(BOUNDS, 0.0)
             for o in ops:
                 by_bound[o.bound] += o.kernel_s + o.wait_s
-            rows.append({"op": name, "phase": phase, "calls": len(ops), "seconds": seconds,
+            rows.append({"op": name, "phase": phase, "calls": sum(o.calls for o in ops), "seconds": seconds,
                          "share": seconds / self.step_s if self.step_s else 0.0,
                          "flops": sum(o.flops for o in ops), "bytes": sum(o.bytes for o in ops),
                          "bound": max(BOUNDS, key=lambda b: by_bound[b])})
@@ -308,7 +311,7 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
 
 def estimate_step(trace: StepTrace, device: DeviceModel) -> StepTime:
     """Time of `trace`'s step on `device`."""
-    return estimate_records(trace.records, trace.precision, device)
+    return estimate_chunks(chunks_of(trace.records, trace.repeats, device.kind == "gpu"), trace.precision, device)
 
 
 def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel,
@@ -316,41 +319,119 @@ def estimate_records(records: Iterable[OpRecord], precision: str, device: Device
     """Time of these ops, in order, on `device` (see the module's docstring). On a GPU, the CPU
     decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py), unless
     `lowered` says the caller did (once for many GPUs)."""
-    if device.kind == "gpu" and not lowered:
-        records = cuda_records(records)
-    timer = _OpTimer(device, precision)
-    overheads = device.profile.overheads_s
-    queued = device.kind == "gpu"
-    host_clock = device_clock = 0.0
-    by_bound = dict.fromkeys(BOUNDS, 0.0)
-    ops: list[OpTime] = []
-    kernels: dict[tuple, tuple[OpClass, float, float, float, float, float]] = {}
-    for record in records:
-        key = _kernel_key(record)
-        timed = kernels.get(key)
-        if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
-            timed = kernels[key] = (*timer.kernel(record), host_seconds(record, overheads, cpu=not queued))
-        kind, compute, traffic, faults, layout, host = timed
-        kernel = max(compute, traffic) + faults + layout
-        memory = traffic + faults + layout  # page faults and layout transposes are memory time
-        if queued:
-            host_clock += host
-            wait = max(0.0, host_clock - device_clock)
-            device_clock += wait + kernel
+    records = list(records)
+    chunks = [(records if lowered or device.kind != "gpu" else cuda_records(records), 1)]
+    return estimate_chunks(chunks, precision, device)
+
+
+Chunks = Sequence[tuple[Sequence[OpRecord], int]]
+"""A step's ops as runs of (ops, copies): `copies` repetitions of the ops in a row (a repeated block's)."""
+
+
+def chunks_of(records: Sequence[OpRecord], repeats: Sequence[tuple[int, int, int]], gpu: bool) -> list[tuple[list[OpRecord], int]]:
+    """`records` as chunks (see Chunks), from StepTrace.repeats' (start, length, copies) spans; each chunk as
+    CUDA runs it on a `gpu` (lowering.py, chunk by chunk: no kernel a lowering fuses spans two blocks)."""
+    chunks: list[tuple[list[OpRecord], int]] = []
+    position = 0
+    for start, length, copies in sorted(repeats):
+        assert start >= position and length > 0, "repeated spans are ordered and disjoint"
+        if start > position:
+            chunks.append((list(records[position:start]), 1))
+        chunks.append((list(records[start:start + length]), copies))
+        position = start + length * copies
+    if position < len(records):
+        chunks.append((list(records[position:]), 1))
+    return [(cuda_records(chunk) if gpu else chunk, copies) for chunk, copies in chunks]
+
+
+STEADY_TOLERANCE = 1e-12
+"""Relative difference below which two copies of a repeated block leave the host and device clocks in the
+same relation (floating-point rounding)."""
+
+
+class _Clock:
+    """The host and the device issuing and running ops one after the other (see estimate_chunks)."""
+
+    def __init__(self, device: DeviceModel, precision: str) -> None:
+        self.timer = _OpTimer(device, precision)
+        self.overheads = device.profile.overheads_s
+        self.queued = device.kind == "gpu"
+        self.host = self.device = 0.0
+        self.by_bound = dict.fromkeys(BOUNDS, 0.0)
+        self.ops: list[OpTime] = []
+        self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, float]] = {}
+
+    def run(self, records: Sequence[OpRecord]) -> None:
+        queued, by_bound, ops = self.queued, self.by_bound, self.ops
+        for record in records:
+            key = _kernel_key(record)
+            timed = self.kernels.get(key)
+            if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
+                timed = self.kernels[key] = (*self.timer.kernel(record),
+                                             host_seconds(record, self.overheads, cpu=not queued))
+            kind, compute, traffic, faults, layout, host = timed
+            kernel = max(compute, traffic) + faults + layout
+            memory = traffic + faults + layout  # page faults and layout transposes are memory time
+            if queued:
+                self.host += host
+                wait = max(0.0, self.host - self.device)
+                self.device += wait + kernel
+            else:
+                wait = host
+                self.device += host + kernel
+            kernel_bound = "compute" if compute >= memory else "memory"
+            bound = "overhead" if wait > kernel else kernel_bound
+            by_bound["overhead"] += wait
+            by_bound[kernel_bound] += kernel
+            ops.append(OpTime(record.phase, record.module, record.op, kind.series, kind.dtype, record.flops,
+                              record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound,
+                              layout))
+
+    def run_copies(self, records: Sequence[OpRecord], copies: int) -> None:
+        """`copies` runs of `records` in a row. Once a copy leaves the clocks as it found them (the device
+        as far behind the host, or further behind with no wait in the copy: the next copy then runs the
+        same), the rest are that copy again: its ops stand for them (OpTime.calls) and the clocks and
+        bounds advance by its amounts. Exact but for rounding (STEADY_TOLERANCE)."""
+        done = 0
+        while done < copies:
+            host, device, by_bound, first = self.host, self.device, dict(self.by_bound), len(self.ops)
+            self.run(records)
+            done += 1
+            left = copies - done
+            if not left or not self._steady(device - host, first):
+                continue
+            self.host += left * (self.host - host)
+            self.device += left * (self.device - device)
+            for bound in BOUNDS:
+                self.by_bound[bound] += left * (self.by_bound[bound] - by_bound[bound])
+            self.ops[first:] = [_times(op, 1 + left) for op in self.ops[first:]]
+            return
+
+    def _steady(self, lag_before: float, first: int) -> bool:
+        """Whether the copy that started `first` with the device `lag_before` seconds behind the host
+        will run the same next time."""
+        if not self.queued:
+            return True
+        lag = self.device - self.host
+        scale = max(1.0, abs(self.device))
+        if abs(lag - lag_before) <= STEADY_TOLERANCE * scale:
+            return True
+        return lag > lag_before and all(op.wait_s == 0.0 for op in self.ops[first:])
+
+
+def estimate_chunks(chunks: Chunks, precision: str, device: DeviceModel) -> StepTime:
+    """Time of these chunks of ops (already lowered for a GPU), in order, on `device`: on a GPU the host
+    issues each op (its overhead) into a queue the device runs; on a CPU they take turns."""
+    clock = _Clock(device, precision)
+    for records, copies in chunks:
+        if copies == 1:
+            clock.run(records)
         else:
-            wait = host
-            device_clock += host + kernel
-        kernel_bound = "compute" if compute >= memory else "memory"
-        bound = "overhead" if wait > kernel else kernel_bound
-        by_bound["overhead"] += wait
-        by_bound[kernel_bound] += kernel
-        ops.append(OpTime(record.phase, record.module, record.op, kind.series, kind.dtype, record.flops,
-                          record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound,
-                          layout))
+            clock.run_copies(records, copies)
     profile = device.profile
-    total = sum(by_bound.values())
-    assert abs(total - device_clock) <= 1e-9 * max(1.0, total), (total, device_clock)
-    return StepTime(device.id, device_clock, by_bound, profile.status, profile.device_name, tuple(ops))
+    total = sum(clock.by_bound.values())
+    assert abs(total - clock.device) <= 1e-9 * max(1.0, total), (total, clock.device)
+    return StepTime(device.id, clock.device, clock.by_bound, profile.status, profile.device_name, tuple(clock.ops))
 
 
 def _kernel_key(record: OpRecord) -> tuple:
@@ -395,5 +476,5 @@ def _times(op: OpTime, factor: int) -> OpTime:
     """`op` standing for `factor` calls of itself."""
     return replace(op, flops=op.flops * factor, bytes=op.bytes * factor, compute_s=op.compute_s * factor,
                    memory_s=op.memory_s * factor, kernel_s=op.kernel_s * factor, host_s=op.host_s * factor,
-                   wait_s=op.wait_s * factor, layout_s=op.layout_s * factor)
+                   wait_s=op.wait_s * factor, layout_s=op.layout_s * factor, calls=op.calls * factor)
 

@@ -22,6 +22,7 @@ shortened step, and the step is traced in full (the trace's caller does that on 
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -329,12 +330,15 @@ class _Ticks:
     """Ticks of the shortened step -> ticks of the whole step, segment copy by copy."""
 
     def __init__(self, segments: Sequence[Segment]) -> None:
-        self.segments = list(segments)
-        self.starts = [s.start for s in self.segments]
+        self.segments = sorted(segments, key=lambda s: s.start)
+        self.ends = [s.end for s in self.segments]
+        self.added_by = [0]  # ticks the copies of the first i segments add
+        for segment in self.segments:
+            self.added_by.append(self.added_by[-1] + (len(segment.iterations) - 1) * segment.length)
 
     def inserted_before(self, tick: int) -> int:
         """Ticks the copies add before `tick` (a tick outside every segment, or a segment's start)."""
-        return sum((len(s.iterations) - 1) * s.length for s in self.segments if s.end <= tick)
+        return self.added_by[bisect.bisect_right(self.ends, tick)]
 
     def outside(self, tick: int) -> int:
         return tick + self.inserted_before(tick) if tick >= 0 else tick
@@ -345,14 +349,21 @@ class _Ticks:
 
     @property
     def added(self) -> int:
-        return sum((len(s.iterations) - 1) * s.length for s in self.segments)
+        return self.added_by[-1]
 
 
-def _segment_at(segments: Sequence[Segment], tick: int) -> Segment | None:
-    for segment in segments:
-        if segment.start <= tick < segment.end:
-            return segment
-    return None
+class _Where:
+    """Which segment (of segments sorted by start, disjoint) holds a tick."""
+
+    def __init__(self, segments: Sequence[Segment]) -> None:
+        self.segments = list(segments)
+        self.starts = [s.start for s in self.segments]
+
+    def __call__(self, tick: int) -> Segment | None:
+        index = bisect.bisect_right(self.starts, tick) - 1
+        if index >= 0 and tick < self.segments[index].end:
+            return self.segments[index]
+        return None
 
 
 # --------------------------------------------------------------------------- ops
@@ -374,15 +385,18 @@ def _coarse(records: Sequence[Any], run: Run, key: str) -> list[Any]:
             for r in records]
 
 
-def expand_records(records: Sequence[Any], ticks: Sequence[int], located: Sequence[RunTicks]) -> list[Any]:
+def expand_records(records: Sequence[Any], ticks: Sequence[int],
+                   located: Sequence[RunTicks]) -> tuple[list[Any], tuple[tuple[int, int, int], ...]]:
     """The whole step's ops: the shortened step's, with each template iteration's ops once per block it
-    stands for (module names moved to that block). NotRepeated when the first block's iteration differs
-    from the template's, or the last block's (forward and backward)."""
+    stands for (module names moved to that block), and where those copies lie (StepTrace.repeats).
+    NotRepeated when the first block's iteration differs from the template's, or the last block's
+    (forward and backward)."""
     segments = segments_of(located)
+    segment_at = _Where(segments)
     by_segment: dict[tuple[int, str, int], list[Any]] = {(s.run, s.phase, s.template): [] for s in segments}
     order: list[tuple[str, Any]] = []
     for record, tick in zip(records, ticks):
-        segment = _segment_at(segments, tick)
+        segment = segment_at(tick)
         if segment is None:
             order.append(("record", record))
         else:
@@ -393,6 +407,7 @@ def expand_records(records: Sequence[Any], ticks: Sequence[int], located: Sequen
     for r in located:
         _check_same_ops(r, by_segment)
     expanded: list[Any] = []
+    repeats: list[tuple[int, int, int]] = []
     for kind, item in order:
         if kind == "record":
             expanded.append(item)
@@ -401,6 +416,8 @@ def expand_records(records: Sequence[Any], ticks: Sequence[int], located: Sequen
         run = located[run_index].run
         segment = next(s for s in (located[run_index].forward if phase == "forward" else located[run_index].backward)
                        if s.template == template)
+        if len(segment.iterations) > 1 and by_segment[item]:
+            repeats.append((len(expanded), len(by_segment[item]), len(segment.iterations)))
         for iteration in segment.iterations:
             key = run.keys[iteration]
             source_key = run.keys[1] if template == 1 else key
@@ -413,7 +430,7 @@ def expand_records(records: Sequence[Any], ticks: Sequence[int], located: Sequen
                 if name is None:
                     name = names[rec.module] = _renamed(rec.module, run, source_key, key)
                 expanded.append(rec if name == rec.module else replace(rec, module=name))
-    return expanded
+    return expanded, tuple(repeats)
 
 
 def _check_same_ops(located: RunTicks, by_segment: dict[tuple[int, str, int], list[Any]]) -> None:
@@ -459,13 +476,14 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
 
     segments = segments_of(located)
     ticks = _Ticks(segments)
+    segment_at = _Where(segments)
     storages = memory.storages
     where: dict[int, Segment | None] = {}
     by_segment: dict[Segment, list[tuple[int, int]]] = {s: [] for s in segments}  # (event, tick)
     order: list[tuple[str, Any]] = []
     seen: set[Segment] = set()
     for event, tick in zip(memory.events, memory.event_ticks):
-        segment = _segment_at(segments, tick) if tick >= 0 else None
+        segment = segment_at(tick) if tick >= 0 else None
         if event >= 0:
             where[event] = segment
         if segment is None:

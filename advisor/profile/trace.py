@@ -169,6 +169,9 @@ class StepTrace:
     """Runs of repeated blocks traced once and replicated (repeated.py), one line each."""
     replicated_blocks: int = 0
     """Blocks whose ops and memory were replicated from a traced one instead of traced."""
+    repeats: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
+    """(start, length, copies): records[start:start + length * copies] are `copies` runs of the same ops
+    in a row (a repeated block's iterations, modules aside), for estimators that time a run once."""
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase."""
@@ -757,9 +760,10 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             del loss
             live_memory = memory.close_step()
     records: list[OpRecord] | tuple[OpRecord, ...] = recorder.records
+    repeats: tuple[tuple[int, int, int], ...] = ()
     if runs:
         located = locate(clock)
-        records = expand_records(recorder.records, recorder.ticks, located)
+        records, repeats = expand_records(recorder.records, recorder.ticks, located)
         live_memory = expand_memory(live_memory, located, memory.copies(),
                                     memory.groups_in_result(recorder.replicas.groups) if recorder.replicas else ())
         fused_calls += clock.added(0)
@@ -768,7 +772,8 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
                      finite.answered + (clock.added(1) if runs else 0), type(opt).__name__, _total_params(model),
-                     adapted, tuple(run.describe() for run in runs), sum(len(run.held_out) for run in runs))
+                     adapted, tuple(run.describe() for run in runs), sum(len(run.held_out) for run in runs),
+                     repeats)
 
 
 @contextmanager
