@@ -286,10 +286,6 @@ class LiveMemoryTracker(TorchDispatchMode):
         """`groups` of registered storages, by their index in the last close_step's LiveMemory."""
         return [(tuple(self._kept[i] for i in members), count) for members, count in groups]
 
-    def nbytes_of(self, index: int) -> int:
-        """Bytes of registered storage `index`."""
-        return self._nbytes[index]
-
     def index_of(self, tensor: torch.Tensor) -> int | None:
         """The registered storage of `tensor`, None when the tracker has not seen it."""
         return self._ids.get(tensor.untyped_storage())

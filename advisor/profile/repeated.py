@@ -5,8 +5,10 @@ are the same class with the same configuration: the same parameter and buffer sh
 submodule, the same plain attributes (a layer's own index aside), no hooks, nothing shared. The trace
 keeps three blocks of each run (the first, the second and the last) and runs the step through them;
 the other blocks are held out of the container for the forward and backward, so their ops are never
-dispatched. Their parameters, optimizer state and gradients stay in the step: the optimizer steps all
-of them, and the held-out blocks' gradients are made as copies of the second block's (`copy_gradients`).
+dispatched, and the optimizer steps only the kept blocks' parameters (OptimizerReplicas does the held-out
+blocks' share of each of its ops again from their template's; their optimizer state is registered alike
+before the step). A model file's own optimizer(params) steps every parameter instead, with the held-out
+blocks' gradients made as copies of their template's (trace._copy_gradients).
 
 The second block is the template of every held-out one. The ops (OpRecord) and the storage lives
 (LiveMemory) that the second block's iteration makes, forward and backward, are replicated once per
@@ -644,7 +646,8 @@ def template_multiplicity(runs: Sequence[Run]) -> list[tuple[torch.nn.Parameter,
     return found
 
 
-def _tensor_list(value: Any) -> bool:
+def tensor_list(value: Any) -> bool:
+    """Whether `value` is a non-empty list or tuple of tensors (a multi-tensor op's argument)."""
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
 
 
@@ -675,17 +678,12 @@ class OptimizerReplicas:
         """Storages one op made for template tensors, in order, and the copies each stands for: the copies
         are made after the group's last, block by block, as the step over every parameter makes them."""
 
-    def seed(self, tensors: Sequence[torch.Tensor], count: int) -> None:
-        for tensor in tensors:
-            self.copies[tensor] = count
-
     def expand(self, record: Any, func: Any, args: tuple, kwargs: dict, out: Any,
-               cost_of: Callable[..., Any], storage_of: Callable[[torch.Tensor], int | None],
-               size_of: Callable[[int], int]) -> list[Any]:
+               cost_of: Callable[..., Any], storage_of: Callable[[torch.Tensor], int | None]) -> list[Any]:
         """The records that stand for `record` (an op of the step over the kept parameters)."""
-        lists = [a for a in args if _tensor_list(a)]
+        lists = [a for a in args if tensor_list(a)]
         if lists:
-            return [self._expand_lists(record, func, args, kwargs, out, lists, cost_of, storage_of, size_of)]
+            return [self._expand_lists(record, func, args, kwargs, out, lists, cost_of, storage_of)]
         flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         count = max((self.copies.get(t, 0) for t in flat), default=0)
         if not count:
@@ -708,8 +706,7 @@ class OptimizerReplicas:
             self.groups.append((tuple(indices), count))
 
     def _expand_lists(self, record: Any, func: Any, args: tuple, kwargs: dict, out: Any, lists: list[Any],
-                      cost_of: Callable[..., Any], storage_of: Callable[[torch.Tensor], int | None],
-                      size_of: Callable[[int], int]) -> Any:
+                      cost_of: Callable[..., Any], storage_of: Callable[[torch.Tensor], int | None]) -> Any:
         length = len(lists[0])
         by_count: dict[int, list[int]] = {}
         for position in range(length):
@@ -718,7 +715,7 @@ class OptimizerReplicas:
                 by_count.setdefault(count, []).append(position)
         if not by_count:
             return record
-        outputs = list(out) if _tensor_list(out) and len(out) == length else None
+        outputs = list(out) if tensor_list(out) and len(out) == length else None
         flops, read, written = record.flops, record.bytes_read, record.bytes_written
         tensors, allocated = record.tensors, list(record.allocated)
         # tensors outside the lists (a step count's increment, found_inf) are read once, whatever the lists

@@ -58,6 +58,7 @@ from advisor.profile.repeated import (
     locate,
     shortened,
     template_multiplicity,
+    tensor_list,
 )
 from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
@@ -321,7 +322,7 @@ class _Recorder(TorchDispatchMode):
             out = _stand_in_scalar(args[0]) if func.overloadpacket.__name__ == SCALAR_ITEM else None
             return self._record(func, args, kwargs, out, first_storage)
         if self.first_step_aliases and not self.recording and _aliased_in_first_step(func, args):
-            return next(list(a) for a in args if _tensor_list(a))
+            return next(list(a) for a in args if tensor_list(a))
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
@@ -355,8 +356,7 @@ class _Recorder(TorchDispatchMode):
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
             records = [record]
             if self.replicas is not None and self.phase == "optimizer":
-                records = self.replicas.expand(record, func, args, kwargs, out, op_cost, self.memory.index_of,
-                                               self.memory.nbytes_of)
+                records = self.replicas.expand(record, func, args, kwargs, out, op_cost, self.memory.index_of)
             self.records.extend(records)
             self.ticks.extend([self.memory.tick] * len(records))
         return out
@@ -429,15 +429,11 @@ FIRST_STEP_ALIASES = frozenset({"sgd", "momentum", "adam", "adamw"})
 multi-tensor ops (torch.optim's _multi_tensor_adam and _multi_tensor_sgd)."""
 
 
-def _tensor_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
-
-
 def _aliased_in_first_step(func: Any, args: tuple) -> bool:
     """An out-of-place multi-tensor op on fake tensors (`_foreach_sqrt`): in the unrecorded first step, whose
     temporaries nobody sees, its first list stands for its result (same shapes, no tensors made)."""
     name = func.overloadpacket.__name__
-    if not name.startswith("_foreach_") or name.endswith("_") or not any(_tensor_list(a) for a in args):
+    if not name.startswith("_foreach_") or name.endswith("_") or not any(tensor_list(a) for a in args):
         return False
     return all(isinstance(t, FakeTensor) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
 
