@@ -555,12 +555,20 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
                         for member in group[0]:
                             allocate(member, (member, -1 - copy), new_tick)
             elif old in group_of and where.get(old) is None:
-                free((old, None), new_tick)
                 group = group_of[old]
-                alive_in_group[group] -= 1
-                if not alive_in_group[group]:
-                    for copy in range(group[1]):
-                        for member in group[0]:
+                members, count = group
+                if alive_in_group[group] == len(members) and old == members[-1]:
+                    # freed last to first (CPython frees a list's items from its end): the held-out blocks'
+                    # copies, which follow the template's in the list, go first
+                    for copy in reversed(range(count)):
+                        for member in reversed(members):
+                            free((member, -1 - copy), new_tick)
+                    alive_in_group[group] = -len(members)  # copies freed
+                free((old, None), new_tick)
+                alive_in_group[group] += 1 if alive_in_group[group] < 0 else -1
+                if alive_in_group[group] == 0 and count and (members[0], -1) in instance:
+                    for copy in range(count):
+                        for member in members:
                             free((member, -1 - copy), new_tick)
             elif old in copies:
                 template, iteration = copies[old]
@@ -636,13 +644,17 @@ def held_out_ids(runs: Sequence[Run]) -> set[int]:
     return {id(param) for run in runs for param, _, _ in held_out_parameters(run)}
 
 
-def template_multiplicity(runs: Sequence[Run]) -> list[tuple[torch.nn.Parameter, int]]:
-    """(template block's parameter, how many held-out blocks stand behind it) for every run."""
+Source = tuple[int, int]
+"""(run, held-out blocks): whose template a tensor of the optimizer's step belongs to, and its copies."""
+
+
+def template_multiplicity(runs: Sequence[Run]) -> list[tuple[torch.nn.Parameter, Source]]:
+    """(template block's trainable parameter, (its run's index, how many held-out blocks stand behind it))."""
     found = []
-    for run in runs:
+    for index, run in enumerate(runs):
         for _, param in run.container._modules[run.keys[1]].named_parameters():
             if param.requires_grad:
-                found.append((param, len(run.held_out)))
+                found.append((param, (index, len(run.held_out))))
     return found
 
 
@@ -668,12 +680,12 @@ class OptimizerReplicas:
     makes them for multi-tensor ops; a per-parameter loop (Adafactor's) makes each op's copies right after
     it, where the full step makes them one parameter later (the same storages, sizes and lives)."""
 
-    def __init__(self, seeds: Sequence[tuple[torch.Tensor, int]]) -> None:
+    def __init__(self, seeds: Sequence[tuple[torch.Tensor, Source]]) -> None:
         from torch.utils.weak import WeakTensorKeyDictionary
 
-        self.copies: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
-        for tensor, count in seeds:
-            self.copies[tensor] = count
+        self.sources: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        for tensor, source in seeds:
+            self.sources[tensor] = source
         self.groups: list[tuple[tuple[int, ...], int]] = []
         """Storages one op made for template tensors, in order, and the copies each stands for: the copies
         are made after the group's last, block by block, as the step over every parameter makes them."""
@@ -685,35 +697,37 @@ class OptimizerReplicas:
         if lists:
             return [self._expand_lists(record, func, args, kwargs, out, lists, cost_of, storage_of)]
         flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        count = max((self.copies.get(t, 0) for t in flat), default=0)
-        if not count:
+        sources = [self.sources[t] for t in flat if t in self.sources]
+        if not sources:
             return [record]
-        self._mark([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)], count, storage_of,
+        source = max(sources, key=lambda s: s[1])
+        self._mark([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)], source, storage_of,
                    record.allocated)
-        return [record] * (count + 1)
+        return [record] * (source[1] + 1)
 
-    def _mark(self, tensors: Sequence[torch.Tensor], count: int, storage_of: Callable[[torch.Tensor], int | None],
+    def _mark(self, tensors: Sequence[torch.Tensor], source: Source, storage_of: Callable[[torch.Tensor], int | None],
               made: Sequence[int]) -> None:
-        """Tensors made from template tensors stand for `count` more; those whose storage the op made
-        (`made` is not empty) form a group of storages to copy."""
+        """Tensors made from a template's tensors belong to it too; those whose storage the op made (`made`
+        is not empty) form a group of storages to copy."""
         indices = []
         for tensor in tensors:
-            self.copies[tensor] = count
+            self.sources[tensor] = source
             index = storage_of(tensor)
             if index is not None and made and index not in indices:
                 indices.append(index)
         if indices:
-            self.groups.append((tuple(indices), count))
+            self.groups.append((tuple(indices), source[1]))
 
     def _expand_lists(self, record: Any, func: Any, args: tuple, kwargs: dict, out: Any, lists: list[Any],
                       cost_of: Callable[..., Any], storage_of: Callable[[torch.Tensor], int | None]) -> Any:
         length = len(lists[0])
-        by_count: dict[int, list[int]] = {}
+        by_source: dict[Source, list[int]] = {}
         for position in range(length):
-            count = max((self.copies.get(a[position], 0) for a in lists if len(a) == length), default=0)
-            if count:
-                by_count.setdefault(count, []).append(position)
-        if not by_count:
+            source = next((self.sources[a[position]] for a in lists
+                           if len(a) == length and a[position] in self.sources), None)
+            if source is not None:
+                by_source.setdefault(source, []).append(position)
+        if not by_source:
             return record
         outputs = list(out) if tensor_list(out) and len(out) == length else None
         flops, read, written = record.flops, record.bytes_read, record.bytes_written
@@ -722,7 +736,9 @@ class OptimizerReplicas:
         shared = sum(t.untyped_storage().nbytes() for t in tree_flatten(
             [a for a in args if not isinstance(a, (list, tuple))] + list(kwargs.values()))[0]
             if isinstance(t, torch.Tensor))
-        for count, positions in sorted(by_count.items(), key=lambda item: -item[1][-1]):
+        # last run first: inserting a run's copies leaves the positions before it where they were
+        for source, positions in sorted(by_source.items(), key=lambda item: -item[1][-1]):
+            count = source[1]
             share_args = tuple(_take(a, positions, length) for a in args)
             share_kwargs = {name: _take(v, positions, length) for name, v in kwargs.items()}
             share_out = None if outputs is None else [outputs[p] for p in positions]
@@ -732,7 +748,7 @@ class OptimizerReplicas:
             written += count * cost.bytes_written
             tensors += count * len(positions)
             if share_out:
-                self._mark(share_out, count, storage_of, record.allocated)
+                self._mark(share_out, source, storage_of, record.allocated)
                 if len(allocated) >= length:  # one new storage per output: the copies go after the template's
                     sizes = [allocated[p] for p in positions]
                     allocated[positions[-1] + 1:positions[-1] + 1] = sizes * count

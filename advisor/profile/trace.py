@@ -795,25 +795,25 @@ def _state_alike(runs: list[Run], opt: torch.optim.Optimizer, memory: LiveMemory
                  accumulate: bool) -> None:
     """The optimizer state (and, accumulating, the gradients) of the held-out blocks' parameters, which the
     optimizer does not step: storages alike their template's, alive through the step."""
-    by_run: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-    for template, count in template_multiplicity(runs):
-        gradients, state = by_run.setdefault(count, ([], []))
-        state += [t for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
-        if accumulate and template.grad is not None:
-            gradients.append(template.grad)
-    for count, (gradients, state) in by_run.items():
-        memory.register_alike(gradients, count)
-        memory.register_alike(state, count)
+    for run in runs:  # each run's copies after its own template's
+        gradients: list[torch.Tensor] = []
+        state: list[torch.Tensor] = []
+        for template, _ in template_multiplicity([run]):
+            state += [t for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
+            if accumulate and template.grad is not None:
+                gradients.append(template.grad)
+        memory.register_alike(gradients, len(run.held_out))
+        memory.register_alike(state, len(run.held_out))
 
 
 def _optimizer_replicas(runs: list[Run], opt: torch.optim.Optimizer) -> OptimizerReplicas:
     """What the optimizer's step does to the template blocks' tensors is done again per held-out block."""
-    seeds: list[tuple[torch.Tensor, int]] = []
-    for template, count in template_multiplicity(runs):
-        seeds.append((template, count))
+    seeds: list[tuple[torch.Tensor, tuple[int, int]]] = []
+    for template, source in template_multiplicity(runs):
+        seeds.append((template, source))
         if template.grad is not None:
-            seeds.append((template.grad, count))
-        seeds += [(t, count) for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
+            seeds.append((template.grad, source))
+        seeds += [(t, source) for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
     return OptimizerReplicas(seeds)
 
 
