@@ -55,6 +55,29 @@ class IndexedStack(Stack):
         return self.head(x)
 
 
+class SharedInputBlock(Block):
+    """A block that also takes a tensor every block shares (T5's position bias)."""
+
+    def forward(self, x: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + shared
+
+
+class SharedInputStack(Stack):
+    """Its blocks all add one learned tensor: the last block's backward gives it its first gradient, every
+    other block's adds to it, so the last block's backward has one op fewer than the rest."""
+
+    def __init__(self) -> None:
+        super().__init__(blocks=[SharedInputBlock(16, i) for i in range(6)])
+        self.shared = nn.Parameter(torch.zeros(16))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        shared = self.shared * 2
+        for layer in self.layers:
+            x = layer(x, shared)
+        return self.head(x)
+
+
 def tokens(batch: int) -> torch.Tensor:
     return torch.randint(0, 50, (batch, 12))
 
@@ -169,3 +192,33 @@ def test_a_repeated_block_is_timed_once_with_the_same_step_time():
             assert (row["calls"], row["bound"], row["flops"], row["bytes"]) == \
                 (other["calls"], other["bound"], other["flops"], other["bytes"])
             assert row["seconds"] == pytest.approx(other["seconds"], rel=1e-9)
+
+
+def test_a_tensor_every_block_shares_gives_the_same_step():
+    """Its gradient is made by the last block's backward and added to by every other: the pattern the
+    three kept blocks show is not the held-out ones', so the step is traced in full."""
+    full, deduplicated = traced_both_ways(SharedInputStack)
+    assert_same_step(full, deduplicated)
+
+
+def test_t5_whose_last_block_starts_the_position_bias_gradient_replicates_the_others():
+    """T5's blocks share the first block's position bias; the last block's backward gives it its first
+    gradient: the run ends one block earlier and the rest replicate (exactly)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=6, num_decoder_layers=6,
+                                   num_heads=4, use_cache=False, decoder_start_token_id=0, pad_token_id=0)
+
+    def build():
+        return transformers.T5ForConditionalGeneration(config)
+
+    def inputs(batch):
+        return {"input_ids": torch.randint(0, 64, (batch, 10)), "labels": torch.randint(0, 64, (batch, 6))}
+
+    def loss(output, batch):
+        return output.loss
+
+    full, deduplicated = [trace_training_step(build, inputs, 2, "fp32", "adamw", loss, dedupe=dedupe)
+                          for dedupe in (False, True)]
+    # encoder and decoder: blocks 1..4 of 0..5 (block 0 holds the bias, block 5 starts its gradient)
+    assert deduplicated.replicated_blocks == 2
+    assert_same_step(full, deduplicated)

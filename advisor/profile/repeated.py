@@ -44,12 +44,13 @@ PLAIN_TYPES = (bool, int, float, str, type(None), torch.dtype)
 
 
 class NotRepeated(Exception):
-    """The shortened step does not show the repetition it assumed: trace the step in full, or (`first`
-    names runs) again with those runs' first block left out of them."""
+    """The shortened step does not show the repetition it assumed: trace the step in full, or (`first`,
+    `last` name runs) again with those runs' first or last block left out of them."""
 
-    def __init__(self, message: str, first: frozenset[str] = frozenset()) -> None:
+    def __init__(self, message: str, first: frozenset[str] = frozenset(), last: frozenset[str] = frozenset()) -> None:
         super().__init__(message)
         self.first = first
+        self.last = last
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,18 @@ class Run:
         return f"{self.block_name(self.keys[0])}..{self.keys[-1]} ({len(self.keys)} blocks, 3 traced)"
 
 
-def find_runs(model: torch.nn.Module, without_first: frozenset[str] = frozenset()) -> list[Run]:
+def find_runs(model: torch.nn.Module, without_first: frozenset[str] = frozenset(),
+              without_last: frozenset[str] = frozenset()) -> list[Run]:
     """The runs of repeated blocks in `model`, outermost first (none inside a run's blocks). Runs whose
     path is in `without_first` start one block later (their first block sees other inputs: a decoder's
-    first layer gets the embeddings in their dtype, the others the residual stream in fp32)."""
+    first layer gets the embeddings in their dtype, the others the residual stream in fp32); those in
+    `without_last` end one block earlier (the last block's backward is the first to give a gradient to
+    something every block uses, T5's shared position bias, and the others add theirs to it)."""
     owners = _parameter_owners(model)
     runs: list[Run] = []
     _collect_runs(model, "", owners, runs)
-    runs = [replace(run, keys=run.keys[1:]) if run.path in without_first else run for run in runs]
+    runs = [replace(run, keys=run.keys[1 if run.path in without_first else 0:
+                                       -1 if run.path in without_last else None]) for run in runs]
     return [run for run in runs if len(run.keys) >= MIN_RUN]
 
 
@@ -298,6 +303,8 @@ def locate(clock: BlockClock) -> list[RunTicks]:
     """Each run's segments from the clock; NotRepeated when the kept blocks did not run one after
     another, forward and backward, with iterations of one length."""
     located = []
+    first_differs: set[str] = set()
+    last_differs: set[str] = set()
     for index, run in enumerate(clock.runs):
         n = len(run.keys)
         first, template, last = ((index, key) for key in run.kept)
@@ -308,9 +315,9 @@ def locate(clock: BlockClock) -> list[RunTicks]:
         if not (f0 < f0_end <= f1 < f1_end <= f2 < f2_end <= b2 < b1 < b1_end <= b0):
             raise NotRepeated(f"the blocks of {run.path} did not run one after another")
         if f1 - f0 != f2 - f1:
-            raise NotRepeated(f"the first block of {run.path} ran a different iteration", first=frozenset({run.path}))
+            first_differs.add(run.path)
         if f2_end - f2 != f1_end - f1 or b1 - b2 != b0 - b1:
-            raise NotRepeated(f"the blocks of {run.path} ran iterations of different lengths")
+            last_differs.add(run.path)
         middle = tuple(range(1, n - 1))
         forward = (Segment(index, "forward", 0, f0, f1, (0,)), Segment(index, "forward", 1, f1, f2, middle),
                    Segment(index, "forward", 2, f2, f2_end, (n - 1,)))
@@ -318,6 +325,9 @@ def locate(clock: BlockClock) -> list[RunTicks]:
                     Segment(index, "backward", 1, b1, b0, middle[::-1]),
                     Segment(index, "backward", 0, b0, b0 + b1_end - b1, (0,)))
         located.append(RunTicks(run, forward, backward))
+    if first_differs or last_differs:  # every run's at once: one more attempt, not one per run and end
+        raise NotRepeated(f"the first block of {sorted(first_differs)} or the last of {sorted(last_differs)} ran "
+                          "a different iteration", frozenset(first_differs), frozenset(last_differs))
     segments = segments_of(located)
     if any(a.end > b.start for a, b in zip(segments, segments[1:])):
         raise NotRepeated("the runs' iterations overlap")
@@ -406,8 +416,12 @@ def expand_records(records: Sequence[Any], ticks: Sequence[int],
             if not by_segment[key]:
                 order.append(("segment", key))
             by_segment[key].append(record)
-    for r in located:
-        _check_same_ops(r, by_segment)
+    differs = [_ends_that_differ(r, by_segment) for r in located]
+    first = frozenset(r.run.path for r, (f, _) in zip(located, differs) if f)
+    last = frozenset(r.run.path for r, (_, l) in zip(located, differs) if l)
+    if first or last:
+        raise NotRepeated(f"the ops of the first block of {sorted(first)} or the last of {sorted(last)} differ "
+                          "from the template's", first, last)
     expanded: list[Any] = []
     repeats: list[tuple[int, int, int]] = []
     for kind, item in order:
@@ -435,24 +449,20 @@ def expand_records(records: Sequence[Any], ticks: Sequence[int],
     return expanded, tuple(repeats)
 
 
-def _check_same_ops(located: RunTicks, by_segment: dict[tuple[int, str, int], list[Any]]) -> None:
+def _ends_that_differ(located: RunTicks, by_segment: dict[tuple[int, str, int], list[Any]]) -> tuple[bool, bool]:
+    """Whether the first block's iteration (forward, backward) and the last block's differ from the
+    template's, op for op: forward modules named within the block, backward ones ignored (ModuleTracker
+    credits a backward op that two sibling modules' gradients meet at to either)."""
     run = located.run
     index = located.forward[0].run
     first, template, last = run.kept
     f0, f1, f2 = (by_segment[(index, "forward", t)] for t in (0, 1, 2))
     b2, b1, b0 = (by_segment[(index, "backward", t)] for t in (2, 1, 0))
     f1 = _coarse(f1, run, template)
-    if len(f0) != len(f1) or _coarse(f0, run, first) != f1:
-        raise NotRepeated(f"{run.block_name(first)}'s forward differs from {run.block_name(template)}'s",
-                          first=frozenset({run.path}))
-    if _coarse(f2, run, last) != f1[:len(f2)]:
-        raise NotRepeated(f"{run.block_name(last)}'s forward differs from {run.block_name(template)}'s")
-    b1 = _anonymous(b1)  # the backward's modules are ModuleTracker's guesses: the ops must agree
-    if _anonymous(b0) != b1[:len(b0)]:
-        raise NotRepeated(f"{run.block_name(first)}'s backward differs from {run.block_name(template)}'s",
-                          first=frozenset({run.path}))
-    if _anonymous(b2) != b1:
-        raise NotRepeated(f"{run.block_name(last)}'s backward differs from {run.block_name(template)}'s")
+    b1 = _anonymous(b1)
+    first_differs = _coarse(f0, run, first) != f1 or _anonymous(b0) != b1[:len(b0)]
+    last_differs = _coarse(f2, run, last) != f1[:len(f2)] or _anonymous(b2) != b1
+    return first_differs, last_differs
 
 
 def _anonymous(records: Sequence[Any]) -> list[tuple]:
@@ -531,6 +541,8 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
             if segment.template == 1 or (allocated_in is not None and allocated_in.template == 1):
                 raise NotRepeated("a storage from outside a run is freed inside its replicated iteration")
             return (old, allocated_in.iterations[0] if allocated_in is not None else None)
+        if allocated_in.template != 1 and segment.template != 1:  # the first or last block's, freed in either:
+            return (old, allocated_in.iterations[0])          # one storage, whatever lies between
         distance = _position(segment) - _position(allocated_in)
         if abs(distance) > 1:
             raise NotRepeated("a storage lives across more blocks than three show")
@@ -596,6 +608,9 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
                     allocate(event, (event, iteration), new_tick)
                 else:
                     free(instance_of(~event, segment, iteration), new_tick)
+    for (old, _), index in instance.items():  # still alive: so must the storage it copies have been
+        if storages[old].freed_at is not None and old not in copies:
+            raise NotRepeated("a replicated storage is never freed where its template is")
     allocated_at: dict[int, int] = {}
     freed_at: dict[int, int] = {}
     for event, tick in zip(new_events, new_ticks):

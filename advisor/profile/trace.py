@@ -647,29 +647,30 @@ def _trace_for_real(setup: _Setup, why: str) -> StepTrace:
 
 def _trace_deduplicated(setup: _Setup, values: str) -> StepTrace:
     """The step with repeated blocks traced once (setup.dedupe), or in full where that fails (NotRepeated)."""
-    without_first: frozenset[str] = frozenset()
+    trimmed: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # runs without first, last
     while setup.dedupe:
         try:
-            return _trace(setup, values, dedupe=True, without_first=without_first)
+            return _trace(setup, values, dedupe=True, trimmed=trimmed)
         except NotRepeated as exc:
-            if not exc.first or exc.first <= without_first:
+            widened = (trimmed[0] | exc.first, trimmed[1] | exc.last)
+            if widened == trimmed:  # nothing left to try: the blocks do not repeat as the shortened step shows
                 logging.getLogger(__name__).debug("tracing every block: %s", exc)
                 break
-            without_first |= exc.first
+            trimmed = widened
     return _trace(setup, values)
 
 
 def _trace(setup: _Setup, values: str, memory_limit: int | None = None, dedupe: bool = False,
-           without_first: frozenset[str] = frozenset()) -> StepTrace:
+           trimmed: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> StepTrace:
     """One attempt at the step with its `values` ("fake", "fake+real-inputs" or "real"; StepTrace.values);
     a real run stops past `memory_limit` live bytes. Random numbers come from one seed. `dedupe`: repeated
-    blocks traced once (repeated.py), runs named in `without_first` from their second block."""
+    blocks traced once (repeated.py), the runs `trimmed` names without their first, or last, block."""
     with seeded_random_numbers():
-        return _trace_seeded(setup, values, memory_limit, dedupe, without_first)
+        return _trace_seeded(setup, values, memory_limit, dedupe, trimmed)
 
 
 def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: bool = False,
-                  without_first: frozenset[str] = frozenset()) -> StepTrace:
+                  trimmed: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> StepTrace:
     source, batch_size = setup.source, setup.batch_size
     real = values == "real"
     if values != "fake":  # real tensors, made before fake mode starts; their fake twins are made on use
@@ -699,7 +700,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         if not params:
             raise UserError(f"{source or 'the model'} has no trainable parameters")
         checkpointed = checkpoint_blocks(model, source) if setup.checkpointing else ()
-        runs = find_runs(model, without_first) if dedupe else []
+        runs = find_runs(model, *trimmed) if dedupe else []
         # make_optimizer's optimizers step only the kept blocks' parameters; OptimizerReplicas does the
         # held-out blocks' share again from their template's (a model file's own optimizer steps them all)
         replicate_optimizer = bool(runs) and setup.optimizer != FILE_OPTIMIZER
