@@ -34,6 +34,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+MIN_SAVED_BY_A_RETRY = 6
+"""Blocks a second attempt must still replicate to be made; else the step is traced in full at once."""
+
 MIN_RUN = 6
 """Blocks in a run before it is shortened: three are kept, and a run that may need a second attempt (its
 first or last block differs) must save more than that attempt costs (T5-small's 5-block run took twice
@@ -49,10 +52,13 @@ class NotRepeated(Exception):
     """The shortened step does not show the repetition it assumed: trace the step in full, or (`first`,
     `last` name runs) again with those runs' first or last block left out of them."""
 
-    def __init__(self, message: str, first: frozenset[str] = frozenset(), last: frozenset[str] = frozenset()) -> None:
+    def __init__(self, message: str, first: frozenset[str] = frozenset(), last: frozenset[str] = frozenset(),
+                 saved: int = 0) -> None:
         super().__init__(message)
         self.first = first
         self.last = last
+        self.saved = saved
+        """Blocks the runs left after those trims would still replicate."""
 
 
 @dataclass(frozen=True)
@@ -329,11 +335,21 @@ def locate(clock: BlockClock) -> list[RunTicks]:
         located.append(RunTicks(run, forward, backward))
     if first_differs or last_differs:  # every run's at once: one more attempt, not one per run and end
         raise NotRepeated(f"the first block of {sorted(first_differs)} or the last of {sorted(last_differs)} ran "
-                          "a different iteration", frozenset(first_differs), frozenset(last_differs))
+                          "a different iteration", frozenset(first_differs), frozenset(last_differs),
+                          _saved_after(clock.runs, first_differs, last_differs))
     segments = segments_of(located)
     if any(a.end > b.start for a, b in zip(segments, segments[1:])):
         raise NotRepeated("the runs' iterations overlap")
     return located
+
+
+def _saved_after(runs: Sequence[Run], first: set[str] | frozenset[str], last: set[str] | frozenset[str]) -> int:
+    """Blocks the runs would still replicate once those in `first` and `last` lose that block."""
+    saved = 0
+    for run in runs:
+        length = len(run.keys) - (run.path in first) - (run.path in last)
+        saved += length - 3 if length >= MIN_RUN else 0
+    return saved
 
 
 def segments_of(located: Sequence[RunTicks]) -> list[Segment]:
@@ -423,7 +439,7 @@ def expand_records(records: Sequence[Any], ticks: Sequence[int],
     last = frozenset(r.run.path for r, (_, l) in zip(located, differs) if l)
     if first or last:
         raise NotRepeated(f"the ops of the first block of {sorted(first)} or the last of {sorted(last)} differ "
-                          "from the template's", first, last)
+                          "from the template's", first, last, _saved_after([r.run for r in located], first, last))
     expanded: list[Any] = []
     repeats: list[tuple[int, int, int]] = []
     for kind, item in order:

@@ -46,6 +46,7 @@ from advisor.profile.finite import FiniteActivations
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
 from advisor.profile.repeated import (
+    MIN_SAVED_BY_A_RETRY,
     BlockClock,
     NotRepeated,
     OptimizerReplicas,
@@ -653,7 +654,8 @@ def _trace_deduplicated(setup: _Setup, values: str) -> StepTrace:
             return _trace(setup, values, dedupe=True, trimmed=trimmed)
         except NotRepeated as exc:
             widened = (trimmed[0] | exc.first, trimmed[1] | exc.last)
-            if widened == trimmed:  # nothing left to try: the blocks do not repeat as the shortened step shows
+            # nothing left to try, or too little to gain: the blocks do not repeat as the shortened step shows
+            if widened == trimmed or exc.saved < MIN_SAVED_BY_A_RETRY:
                 logging.getLogger(__name__).debug("tracing every block: %s", exc)
                 break
             trimmed = widened
