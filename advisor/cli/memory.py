@@ -72,7 +72,8 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
         f"Model: {plan.model_name}, "
         f"{describe_params(plan.trace) if plan.trace else f'{plan.params:,} trainable parameters'}; {batch}, "
         f"{settings.precision}, "
-        f"{describe_optimizer(settings.optimizer, plan.trace.optimizer_class if plan.trace else '')}{options}",
+        f"{describe_optimizer(settings.optimizer, plan.trace.optimizer_class if plan.trace else '')}{options}"
+        f"{'; ' + plan.trace.replication() if plan.trace is not None and plan.trace.replicated_blocks else ''}",
         f"Tensors at the peak ({step.peak_phase}): {gib(step.tensor_peak)} GiB = {parts}; "
         f"caching allocator reserve {gib(step.reserved)} GiB (max_memory_reserved, before the cuBLAS workspace)",
         f"Parameter-count formula (weights+grads+optimizer, no activations): {gib(plan.parameter_formula_bytes)} GiB",
