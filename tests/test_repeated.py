@@ -32,7 +32,7 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
-    def __init__(self, layers: int = 6, width: int = 16, blocks: list[nn.Module] | None = None) -> None:
+    def __init__(self, layers: int = 8, width: int = 16, blocks: list[nn.Module] | None = None) -> None:
         super().__init__()
         self.embed = nn.Embedding(50, width)
         self.layers = nn.ModuleList(blocks if blocks is not None else [Block(width, i) for i in range(layers)])
@@ -50,7 +50,7 @@ class IndexedStack(Stack):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
-        for i in range(6):
+        for i in range(8):
             x = self.layers[i](x)
         return self.head(x)
 
@@ -67,7 +67,7 @@ class SharedInputStack(Stack):
     other block's adds to it, so the last block's backward has one op fewer than the rest."""
 
     def __init__(self) -> None:
-        super().__init__(blocks=[SharedInputBlock(16, i) for i in range(6)])
+        super().__init__(blocks=[SharedInputBlock(16, i) for i in range(10)])
         self.shared = nn.Parameter(torch.zeros(16))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -107,16 +107,16 @@ def assert_same_step(full, deduplicated):
     assert sorted(s.nbytes for s in deduplicated.memory.storages) == sorted(s.nbytes for s in full.memory.storages)
 
 
-def test_a_run_of_six_blocks_is_traced_as_three_and_gives_the_same_step():
+def test_a_run_of_eight_blocks_is_traced_as_three_and_gives_the_same_step():
     full, deduplicated = traced_both_ways(Stack)
-    assert (full.replicated_blocks, deduplicated.replicated_blocks) == (0, 3)  # 6 blocks, 3 kept
-    assert deduplicated.repeated == ("layers.0..5 (6 blocks, 3 traced)",)
-    assert "3 repeated blocks replicated" in deduplicated.replication()
+    assert (full.replicated_blocks, deduplicated.replicated_blocks) == (0, 5)  # 8 blocks, 3 kept
+    assert deduplicated.repeated == ("layers.0..7 (8 blocks, 3 traced)",)
+    assert "5 repeated blocks replicated" in deduplicated.replication()
     assert_same_step(full, deduplicated)
     # the held-out blocks' ops carry their own names: up's forward mm in every block
-    # addmm 4*12 x 16 @ 16 x 64: 2*48*64*16 = 98,304 FLOPs in each of the 6 blocks
+    # addmm 4*12 x 16 @ 16 x 64: 2*48*64*16 = 98,304 FLOPs in each of the 8 blocks
     forward_up = [r for r in deduplicated.records if r.phase == "forward" and r.module.endswith(".up")]
-    assert sorted(r.module for r in forward_up) == [f"layers.{i}.up" for i in range(6)]
+    assert sorted(r.module for r in forward_up) == [f"layers.{i}.up" for i in range(8)]
     assert {r.flops for r in forward_up} == {2 * 48 * 64 * 16}
 
 
@@ -136,7 +136,7 @@ def test_the_same_step_in_every_setting(options):
 
 def test_a_transformers_decoder_gives_the_same_step():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=7,
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
                                       num_attention_heads=4, num_key_value_heads=2, use_cache=False)
 
     def build():
@@ -147,20 +147,20 @@ def test_a_transformers_decoder_gives_the_same_step():
 
     full, deduplicated = [trace_training_step(build, tokens, 2, "amp-bf16", "adamw", loss, dedupe=dedupe)
                           for dedupe in (False, True)]
-    assert deduplicated.replicated_blocks == 4  # model.layers: 7 blocks, 3 traced
+    assert deduplicated.replicated_blocks == 5  # model.layers: 8 blocks, 3 traced
     assert_same_step(full, deduplicated)
 
 
 def test_blocks_that_differ_or_share_are_not_a_run():
-    assert [run.keys for run in find_runs(Stack())] == [tuple(str(i) for i in range(6))]
+    assert [run.keys for run in find_runs(Stack())] == [tuple(str(i) for i in range(8))]
     assert find_runs(Stack(layers=MIN_RUN - 1)) == []
     shared = Block(16, 0)
-    assert find_runs(Stack(blocks=[shared] * 6)) == []  # one module six times: its gradients add up
-    # a plain attribute that differs (here every third block) splits the run: 3 + 1 + 2, none long enough
-    assert find_runs(Stack(blocks=[Block(16, i, 0.5 if i == 3 else 1.0) for i in range(6)])) == []
+    assert find_runs(Stack(blocks=[shared] * 8)) == []  # one module eight times: its gradients add up
+    # a plain attribute that differs (here the fourth block's) splits the run: 3 + 1 + 4, none long enough
+    assert find_runs(Stack(blocks=[Block(16, i, 0.5 if i == 3 else 1.0) for i in range(8)])) == []
     hooked = Stack()
     hooked.layers[2].register_forward_hook(lambda module, args, output: None)
-    assert find_runs(hooked) == []  # 0, 1 | 2 | 3, 4, 5
+    assert find_runs(hooked) == []  # 0, 1 | 2 | 3..7
 
 
 def test_a_model_the_shortened_step_cannot_serve_is_traced_in_full():
@@ -205,7 +205,7 @@ def test_t5_whose_last_block_starts_the_position_bias_gradient_replicates_the_ot
     """T5's blocks share the first block's position bias; the last block's backward gives it its first
     gradient: the run ends one block earlier and the rest replicate (exactly)."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=8, num_decoder_layers=8,
+    config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=12, num_decoder_layers=12,
                                    num_heads=4, use_cache=False, decoder_start_token_id=0, pad_token_id=0)
 
     def build():
@@ -219,6 +219,6 @@ def test_t5_whose_last_block_starts_the_position_bias_gradient_replicates_the_ot
 
     full, deduplicated = [trace_training_step(build, inputs, 2, "fp32", "adamw", loss, dedupe=dedupe)
                           for dedupe in (False, True)]
-    # encoder and decoder: blocks 1..6 of 0..7 (block 0 holds the bias, block 7 starts its gradient), 3 kept
-    assert deduplicated.replicated_blocks == 6
+    # encoder and decoder: blocks 1..10 of 0..11 (block 0 holds the bias, block 11 starts its gradient), 3 kept
+    assert deduplicated.replicated_blocks == 14
     assert_same_step(full, deduplicated)
