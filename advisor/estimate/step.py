@@ -314,14 +314,11 @@ def estimate_step(trace: StepTrace, device: DeviceModel) -> StepTime:
     return estimate_chunks(chunks_of(trace.records, trace.repeats, device.kind == "gpu"), trace.precision, device)
 
 
-def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel,
-                     lowered: bool = False) -> StepTime:
+def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel) -> StepTime:
     """Time of these ops, in order, on `device` (see the module's docstring). On a GPU, the CPU
-    decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py), unless
-    `lowered` says the caller did (once for many GPUs)."""
+    decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py)."""
     records = list(records)
-    chunks = [(records if lowered or device.kind != "gpu" else cuda_records(records), 1)]
-    return estimate_chunks(chunks, precision, device)
+    return estimate_chunks([(cuda_records(records) if device.kind == "gpu" else records, 1)], precision, device)
 
 
 Chunks = Sequence[tuple[Sequence[OpRecord], int]]

@@ -146,14 +146,6 @@ def _cache_key(model: ModelFile, settings: MemorySettings, batch_size: int, atte
                                  adaptation=settings.adaptation)
 
 
-def cached_pair(model: ModelFile, settings: MemorySettings, attention: str = "cuda") -> tuple[StepTrace, StepTrace] | None:
-    """The step at the settings' batch and at twice it, when both are in the trace cache; else None."""
-    batch = settings.traced_batch
-    first = trace_cache.load(_cache_key(model, settings, batch, attention))
-    second = trace_cache.load(_cache_key(model, settings, 2 * batch, attention)) if first is not None else None
-    return None if second is None else (first, second)
-
-
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
                        progress: Callable[[str], None] = lambda message: None,
                        parallel: bool = True, attention: str = "cuda") -> tuple[StepTrace, StepTrace]:
@@ -163,11 +155,13 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
     first (see advisor.profile.background); the traces are the same either way."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
-    cached = cached_pair(model, settings, attention) if trace is None else None
-    if cached is not None:
-        progress(f"using the steps of {model.source} traced at batches {batch} and {2 * batch} before "
-                 "(the trace cache)")
-        return cached
+    if trace is None:  # the trace cache's, when a run before traced it; the second step's with it
+        trace = trace_cache.load(_cache_key(model, settings, batch, attention))
+        second = trace_cache.load(_cache_key(model, settings, 2 * batch, attention)) if trace else None
+        if second is not None:
+            progress(f"using the steps of {model.source} traced at batches {batch} and {2 * batch} before "
+                     "(the trace cache)")
+            return trace, second
     if trace is not None or not (parallel and can_fork()):
         if trace is None:
             progress(f"tracing a training step of {model.source} at batch {batch}")

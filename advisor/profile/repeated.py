@@ -561,7 +561,7 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
             return (old, allocated_in.iterations[0] if allocated_in is not None else None)
         if allocated_in.template != 1 and segment.template != 1:  # the first or last block's, freed in either:
             return (old, allocated_in.iterations[0])          # one storage, whatever lies between
-        distance = _position(segment) - _position(allocated_in)
+        distance = segment.template - allocated_in.template  # blocks 0, 1 (template) and 2 (last) of the run
         if abs(distance) > 1:
             raise NotRepeated("a storage lives across more blocks than three show")
         owner = iteration - distance
@@ -640,11 +640,6 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
                   for i, life in enumerate(new_storages))
     phase_starts = {phase: ticks.outside(start) for phase, start in memory.phase_starts.items()}
     return LiveMemory(lives, tuple(new_events), tuple(new_ticks), phase_starts, memory.ticks + ticks.added)
-
-
-def _position(segment: Segment) -> int:
-    """A segment's block in the shortened run: 0, 1 (template) or 2 (last)."""
-    return segment.template
 
 
 def _correspondence(located: Sequence[RunTicks], by_segment: dict[Segment, list[tuple[int, int]]],

@@ -420,9 +420,7 @@ def _answered_by_shapes(func: Any, args: tuple) -> bool:
     name = func.overloadpacket.__name__
     if name == SCALAR_ITEM:
         return isinstance(args[0], FakeTensor)
-    if not (name.startswith("_foreach_") and name.endswith("_")) or func._schema.returns:
-        return False
-    return all(isinstance(t, FakeTensor) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
+    return name.startswith("_foreach_") and name.endswith("_") and not func._schema.returns and _all_fake(args)
 
 
 FIRST_STEP_ALIASES = frozenset({"sgd", "momentum", "adam", "adamw"})
@@ -434,8 +432,12 @@ def _aliased_in_first_step(func: Any, args: tuple) -> bool:
     """An out-of-place multi-tensor op on fake tensors (`_foreach_sqrt`): in the unrecorded first step, whose
     temporaries nobody sees, its first list stands for its result (same shapes, no tensors made)."""
     name = func.overloadpacket.__name__
-    if not name.startswith("_foreach_") or name.endswith("_") or not any(tensor_list(a) for a in args):
-        return False
+    return name.startswith("_foreach_") and not name.endswith("_") and any(tensor_list(a) for a in args) \
+        and _all_fake(args)
+
+
+def _all_fake(args: tuple) -> bool:
+    """Whether every tensor in `args` (lists included) is a FakeTensor."""
     return all(isinstance(t, FakeTensor) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
 
 
@@ -723,7 +725,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             if replicate_optimizer:
                 _state_alike(runs, opt, memory, setup.accumulate_gradients)
             _label_step_state(memory, model, opt, inputs, stepped, setup.accumulate_gradients)
-            accumulated = _template_gradients(runs, memory) if setup.accumulate_gradients else {}
+            before = _template_gradients(runs, memory) if setup.accumulate_gradients else {}
             memory.open_step("forward")
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
@@ -740,8 +742,10 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
                 backward_runs_here()  # a child forked from now on could not trace (background.can_fork)
                 with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
                     (loss if scaler is None else scaler.scale(loss)).backward()
-            if runs and not replicate_optimizer:
-                _copy_gradients(runs, memory, recorder, accumulated)
+            if before:
+                _check_accumulated_in_place(before, memory)
+            elif runs and not replicate_optimizer:
+                _copy_gradients(runs, memory, recorder)
             if replicate_optimizer:
                 recorder.replicas = _optimizer_replicas(runs, opt)
             memory.label([p.grad for p in params if p.grad is not None], "gradients")
@@ -758,6 +762,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
                 opt.zero_grad(set_to_none=True)
             del loss
             live_memory = memory.close_step()
+    answered = finite.answered
     records: list[OpRecord] | tuple[OpRecord, ...] = recorder.records
     repeats: tuple[tuple[int, int, int], ...] = ()
     if runs:
@@ -766,11 +771,12 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         live_memory = expand_memory(live_memory, located, memory.copies(),
                                     memory.groups_in_result(recorder.replicas.groups) if recorder.replicas else ())
         fused_calls += clock.added(0)
+        answered += clock.added(1)
     return StepTrace(batch_size, setup.precision, setup.optimizer, sum(p.numel() for p in params),
                      tuple(records), values,
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
-                     finite.answered + (clock.added(1) if runs else 0), type(opt).__name__, _total_params(model),
+                     answered, type(opt).__name__, _total_params(model),
                      adapted, tuple(run.describe() for run in runs), sum(len(run.held_out) for run in runs),
                      repeats)
 
@@ -802,7 +808,7 @@ def _state_alike(runs: list[Run], opt: torch.optim.Optimizer, memory: LiveMemory
         gradients: list[torch.Tensor] = []
         state: list[torch.Tensor] = []
         for template, _ in template_multiplicity([run]):
-            state += [t for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
+            state += _state_tensors(opt, template)
             if accumulate and template.grad is not None:
                 gradients.append(template.grad)
         memory.register_alike(gradients, len(run.held_out))
@@ -816,30 +822,37 @@ def _optimizer_replicas(runs: list[Run], opt: torch.optim.Optimizer) -> Optimize
         seeds.append((template, source))
         if template.grad is not None:
             seeds.append((template.grad, source))
-        seeds += [(t, source) for t in opt.state.get(template, {}).values() if isinstance(t, torch.Tensor)]
+        seeds += [(t, source) for t in _state_tensors(opt, template)]
     return OptimizerReplicas(seeds)
 
 
-def _template_gradients(runs: list[Run], memory: LiveMemoryTracker) -> dict[int, int | None]:
-    """With gradient accumulation: id(template parameter) -> the storage of its gradient before the step."""
-    return {id(template): memory.index_of(template.grad) if template.grad is not None else None
-            for run in runs for _, template, _ in held_out_parameters(run)}
+def _state_tensors(opt: torch.optim.Optimizer, param: torch.nn.Parameter) -> list[torch.Tensor]:
+    """The tensors of `param`'s optimizer state (moments, step counts), in the order the optimizer made them."""
+    return [t for t in opt.state.get(param, {}).values() if isinstance(t, torch.Tensor)]
 
 
-def _copy_gradients(runs: list[Run], memory: LiveMemoryTracker, recorder: _Recorder,
-                    accumulated: dict[int, int | None]) -> None:
+def _template_gradients(runs: list[Run], memory: LiveMemoryTracker) -> dict[torch.nn.Parameter, int | None]:
+    """With gradient accumulation: each template parameter -> the storage of its gradient before the step."""
+    return {template: memory.index_of(template.grad) if template.grad is not None else None
+            for template, _ in template_multiplicity(runs)}
+
+
+def _check_accumulated_in_place(before: dict[torch.nn.Parameter, int | None], memory: LiveMemoryTracker) -> None:
+    """With gradient accumulation the held-out blocks keep the gradients they had (alike or their own):
+    NotRepeated unless the template's backward added to its gradients in place, as theirs would have."""
+    for template, storage in before.items():
+        if template.grad is not None and memory.index_of(template.grad) != storage:
+            raise NotRepeated("a gradient was replaced, not accumulated in place")
+
+
+def _copy_gradients(runs: list[Run], memory: LiveMemoryTracker, recorder: _Recorder) -> None:
     """Gradients for the held-out blocks' parameters, as copies of their template's (registered with the
-    memory tracker as such, outside the recorded ops). With gradient accumulation the held-out blocks
-    keep the gradients they had, which the template must have updated in place."""
+    memory tracker as such, outside the recorded ops), for an optimizer that steps every parameter."""
     recording, recorder.recording = recorder.recording, False
     try:
         for run in runs:
             for param, template, iteration in held_out_parameters(run):
                 if template.grad is None:
-                    continue
-                if accumulated:
-                    if memory.index_of(template.grad) != accumulated[id(template)]:
-                        raise NotRepeated("a gradient was replaced, not accumulated in place")
                     continue
                 with memory.silent():
                     param.grad = torch.empty_like(template.grad)

@@ -88,8 +88,8 @@ def load(key: str | None) -> StepTrace | None:
         trace = _read(path, key)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError) as exc:
-        _discard(path, exc)
+    except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        _discard(path)
         return None
     try:
         os.utime(path)  # the least recently used go first
@@ -118,8 +118,8 @@ def _read(path: Path, key: str) -> StepTrace:
     return trace
 
 
-def _discard(path: Path, reason: BaseException) -> None:
-    """Delete a cached trace that failed a check (`reason`); the step is traced again and rewritten."""
+def _discard(path: Path) -> None:
+    """Delete a cached trace that failed a check; the step is traced again and rewritten."""
     try:
         path.unlink(missing_ok=True)
     except OSError:  # a file we cannot delete is never read either: it fails the same check next time
