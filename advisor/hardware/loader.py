@@ -302,6 +302,19 @@ def _check_structure(path: Path, text: str) -> None:
     deeper than MAX_DEPTH (libyaml's composer recurses and crashes on ten thousand levels), an alias
     inside the value it names, and more than MAX_VALUES values with the aliases expanded (an alias
     bomb). Linear in the file's size: each anchor's expanded size is recorded once."""
+    try:
+        _walk_events(path, text)
+    except yaml.MarkedYAMLError as exc:  # PyYAML 6.0.4 and later refuse deep flow nesting while scanning
+        if exc.problem is None or "nesting depth" not in exc.problem or exc.problem_mark is None:
+            raise
+        raise HwdbError(path, _too_deep(exc.problem_mark.line)) from None
+
+
+def _too_deep(line_index: int) -> str:
+    return f"line {line_index + 1}: values nested more than {MAX_DEPTH} levels deep; the database needs 4"
+
+
+def _walk_events(path: Path, text: str) -> None:
     sizes: dict[str, int] = {}
     open_nodes: list[tuple[str | None, int]] = []
     total = 0
@@ -322,8 +335,7 @@ def _check_structure(path: Path, text: str) -> None:
             total += 1
             open_nodes.append((event.anchor, total))
             if len(open_nodes) > MAX_DEPTH:
-                raise HwdbError(path, f"line {event.start_mark.line + 1}: values nested more than {MAX_DEPTH} "
-                                      "levels deep; the database needs 4")
+                raise HwdbError(path, _too_deep(event.start_mark.line))
         elif isinstance(event, yaml.CollectionEndEvent):
             anchor, start = open_nodes.pop()
             if anchor is not None:
