@@ -33,3 +33,9 @@ MAX_JOB_TOKENS = 10**15
 
 MAX_LORA_RANK = 65_536
 """--lora: a rank above the widest layer of any model is a typo."""
+
+MAX_WORKERS = 256
+"""DataLoader workers per GPU (--workers)."""
+
+MAX_VCPUS_PER_GPU = 1024.0
+"""vCPUs per GPU of a host (--vcpus-per-gpu)."""

@@ -7,6 +7,9 @@ Each figure is the median of --repeats runs, two ways:
   --plans never` with the trace cache off (cold: everything traced), the same with the trace cache filled by a
   run before (warm: a repeated estimate), the default `--plans auto` cold (the fit advisor's searches count),
   and `--bare MODEL` (this file's bare pass);
+- in a fresh process after the imports both sides pay alike (torch, and `torch._dynamo`, which
+  FakeTensorMode's constructor imports: about 1.3 s here, measured in the same run): the first call of
+  `plan()` (our own imports and the database's loading included) and of the bare pass;
 - in one long-lived process, as the TUI runs: the third call of `plan()` and of the bare pass.
 
 Llama-3-70B is hf:llama-3.1-70b: the same 80 layers, widths and vocabulary (the 3.1 config adds RoPE scaling).
@@ -72,6 +75,25 @@ def median_of(repeats: int, argv: list[str], env: dict[str, str]) -> tuple[float
     return statistics.median(w for w, _ in runs), max(r for _, r in runs)
 
 
+SHARED_IMPORTS = "import torch, torch._dynamo, torch._subclasses.fake_tensor, torch.utils.flop_counter"
+"""What any fake-tensor tracer imports before it starts (FakeTensorMode's constructor imports torch._dynamo)."""
+
+
+def first_call(spec: str, kind: str) -> float:
+    """Seconds of the first `plan()` ("plan": our imports, the database and the estimate) or bare pass
+    ("bare") in this process, after SHARED_IMPORTS."""
+    exec(SHARED_IMPORTS)
+    started = time.perf_counter()
+    if kind == "plan":
+        from advisor.app.plan import plan
+        from advisor.app.request import PlanRequest
+        from advisor.hardware.loader import load_hwdb
+        plan(PlanRequest(model=spec, plans="never"), load_hwdb())
+    else:
+        bare_pass(spec)
+    return time.perf_counter() - started
+
+
 def in_process(spec: str) -> tuple[float, float]:
     """(plan() seconds, bare pass seconds), each the third call in this process."""
     from advisor.app.plan import plan
@@ -95,9 +117,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--bare", help=argparse.SUPPRESS)
     parser.add_argument("--in-process", help=argparse.SUPPRESS)
+    parser.add_argument("--first", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
         bare_pass(args.bare)
+        return 0
+    if args.first:
+        os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
+        print(first_call(*args.first))
         return 0
     if args.in_process:
         os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
@@ -107,6 +134,7 @@ def main() -> int:
     cache = tempfile.mkdtemp(prefix="trace-cache-")
     warm = {**os.environ, "GPU_ADVISOR_TRACE_CACHE": "on", "GPU_ADVISOR_CACHE_DIR": cache}
     me = str(Path(__file__).resolve())
+    imports = statistics.median(fresh(["-c", SHARED_IMPORTS], cold)[0] for _ in range(args.repeats))
     rows: dict[str, dict[str, float]] = {}
     for key, (spec, _) in MODELS.items():
         estimate = ["-m", "advisor", "estimate", spec, "--json", "--plans", "never"]
@@ -116,24 +144,34 @@ def main() -> int:
         fresh(estimate, warm)  # fills the trace cache
         row["warm"], row["warm_rss"] = median_of(args.repeats, estimate, warm)
         row["auto"], row["auto_rss"] = median_of(1, estimate[:-2], cold)
+        for kind in ("plan", "bare"):
+            row[f"first_{kind}"] = statistics.median(
+                float(subprocess.run([sys.executable, me, "--first", spec, kind], capture_output=True, text=True,
+                                     env=cold, check=True).stdout) for _ in range(args.repeats))
         output = subprocess.run([sys.executable, me, "--in-process", spec], capture_output=True, text=True,
                                 env=cold, check=True).stdout.split()
         row["plan_steady"], row["bare_steady"] = (float(x) for x in output)
         print(key, row, flush=True)
     lines = [f"advisor estimate over all GPUs, {time.strftime('%Y-%m-%d')}, {platform.machine()} "
              f"{os.cpu_count()} CPUs, Python {platform.python_version()}, medians of {args.repeats} fresh processes "
-             "(seconds, imports included; peak RSS GB), and steady state in one process (3rd call)",
+             "(seconds, imports included; peak RSS GB), the first call in a fresh process after the shared imports "
+             f"(torch and torch._dynamo: {imports:.2f} s in a fresh process), and steady state in one process "
+             "(3rd call)",
              f"{'model':<4} {'bare':>6} {'cold':>6} {'cold/bare':>9} {'cached':>6} {'cached/bare':>11} "
-             f"{'auto':>6} {'RSS':>5} {'steady':>6} {'bare st.':>8} {'steady/bare':>11}"]
+             f"{'auto':>6} {'RSS':>5} {'first':>6} {'bare 1st':>8} {'first/bare':>10} "
+             f"{'steady':>6} {'bare st.':>8} {'steady/bare':>11}"]
     for key, row in rows.items():
         lines.append(f"{key:<4} {row['bare']:>6.2f} {row['cold']:>6.2f} {row['cold'] / row['bare']:>9.2f} "
                      f"{row['warm']:>6.2f} {row['warm'] / row['bare']:>11.2f} {row['auto']:>6.2f} "
-                     f"{max(row['cold_rss'], row['auto_rss']):>5.2f} {row['plan_steady']:>6.2f} "
+                     f"{max(row['cold_rss'], row['auto_rss']):>5.2f} {row['first_plan']:>6.2f} "
+                     f"{row['first_bare']:>8.2f} {row['first_plan'] / row['first_bare']:>10.2f} "
+                     f"{row['plan_steady']:>6.2f} "
                      f"{row['bare_steady']:>8.2f} {row['plan_steady'] / row['bare_steady']:>11.2f}")
     lines += [f"{key}: {spec} = {what}" for key, (spec, what) in MODELS.items()]
     ratios = {
         "7b / bare, cold": rows["7b"]["cold"] / rows["7b"]["bare"],
         "7b / bare, cached": rows["7b"]["warm"] / rows["7b"]["bare"],
+        "7b / bare, first call after the shared imports": rows["7b"]["first_plan"] / rows["7b"]["first_bare"],
         "7b / bare, steady": rows["7b"]["plan_steady"] / rows["7b"]["bare_steady"],
         "70b / 1b, cold": rows["70b"]["cold"] / rows["1b"]["cold"],
         "70b / 1b, steady": rows["70b"]["plan_steady"] / rows["1b"]["plan_steady"],

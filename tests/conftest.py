@@ -11,6 +11,9 @@ import yaml
 # The trace cache (advisor/profile/trace_cache.py) stays off in the tests, and in the commands they run, so
 # that every test traces what it checks; tests/test_trace_cache.py turns it on in a folder of its own.
 os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
+# Likewise the input pipeline is not timed unless a test asks (PlanRequest(input_pipeline=True)): a timed
+# pipeline makes figures vary from run to run; tests/test_pipeline.py times it in a cache of its own.
+os.environ["GPU_ADVISOR_INPUT_PIPELINE"] = "off"
 
 SOURCES = {
     "sources": [

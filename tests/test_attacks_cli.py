@@ -177,9 +177,12 @@ def _start_looping_estimate(tmp_path: Path) -> tuple[subprocess.Popen[str], list
     """`advisor estimate` on a model whose forward never returns; waits until its trace child runs
     (where the machine allows one) and returns the process and its children."""
     (tmp_path / "loop.py").write_text(LOOPS_FOREVER)
+    # Ctrl-C as a terminal delivers it: a shell that started pytest in the background without job control
+    # made SIGINT ignored, and a child inherits that (Python then installs no KeyboardInterrupt handler)
     process = subprocess.Popen([sys.executable, "-m", "advisor", "estimate", "loop.py", *ONE_GPU], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
+                               env={**os.environ, "PYTHONPATH": str(REPO)},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     children: list[int] = []
     while time.monotonic() < deadline and not children:
@@ -205,13 +208,18 @@ def _assert_gone(pids: list[int]) -> None:
                                                 (signal.SIGKILL, -9, None)])
 def test_no_process_outlives_advisor(tmp_path: Path, signum: int, code: int, line: str | None) -> None:
     process, children = _start_looping_estimate(tmp_path)
-    assert process.poll() is None, process.communicate()
-    process.send_signal(signum)
-    out, err = process.communicate(timeout=30)
-    assert process.returncode == code, err
-    if line is not None:
-        assert err.strip().splitlines() == [line] and out == ""
-    _assert_gone(children)
+    try:
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+        assert process.returncode == code, err
+        if line is not None:
+            assert err.strip().splitlines() == [line] and out == ""
+        _assert_gone(children)
+    finally:  # a failure leaves no looping process behind
+        for pid in [process.pid, *children]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("exception, code, line", [("KeyboardInterrupt", 130, "advisor: interrupted"),

@@ -19,6 +19,7 @@ LAYERS = (
     ("probe",),
     ("profile",),
     ("calibration", "memory"),
+    ("pipeline",),
     ("estimate",),
     ("app",),
     ("present",),

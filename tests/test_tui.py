@@ -473,6 +473,9 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "lora_targets": ("q_proj, v_proj", "lora_targets", ("q_proj", "v_proj")),
     "base_weights": ("nf4", "base_weights", "nf4"),
     "plans_mode": ("always", "plans", "always"),
+    "input_pipeline": (True, "input_pipeline", True),
+    "workers": ("6", "workers", 6),
+    "vcpus_per_gpu": ("12", "vcpus_per_gpu", 12.0),
 }
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # torch: only once a model is traced
     from advisor.estimate.plan import Estimate
     from advisor.estimate.targets import CalibrationProgress, EstimateTarget
     from advisor.memory.plan import MemoryPlan
+    from advisor.pipeline.supply import PipelineProfile
 
 Progress = Callable[[str], None]
 TracePair = tuple["StepTrace", "StepTrace"]
@@ -67,7 +68,18 @@ def plan(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet, trac
     settings = request.settings(model)
     targets = targets_for(request, db, notify or progress, calibration_bar)  # after the cheap checks
     first, second = traces or (None, None)
-    return estimate_model(model, db, targets, settings, progress=progress, trace=first, second=second)
+    pipeline = input_pipeline(request, model, progress)
+    return estimate_model(model, db, targets, settings, progress=progress, trace=first, second=second,
+                          pipeline=pipeline)
+
+
+def input_pipeline(request: PlanRequest, model: ModelFile, progress: Progress = _quiet) -> PipelineProfile | None:
+    """The model's input pipeline timed on this machine (advisor.pipeline), unless the request turns it off."""
+    if not request.input_pipeline:
+        return None
+    from advisor.pipeline.profile import measure_pipeline
+
+    return measure_pipeline(model, progress)
 
 
 def advisor_runs(request: PlanRequest, estimate: Estimate) -> bool:

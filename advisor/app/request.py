@@ -4,7 +4,8 @@ caller's arguments. Checked when made, with the sentences every interface shows 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from advisor.limits import (
     MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
+    MAX_VCPUS_PER_GPU,
+    MAX_WORKERS,
 )
 from advisor.profile.choices import (
     BASE_WEIGHTS,
@@ -97,6 +100,13 @@ class PlanRequest:
     plans: str = "auto"
     """The fit advisor (app/fit.py): "auto" searches when nothing fits, "always" also for faster or cheaper
     ways, "never" not at all."""
+    input_pipeline: bool = field(default_factory=lambda: input_pipeline_default())
+    """Time the input pipeline on this machine (the file's dataset(), else a built-in one) and weigh each
+    GPU's host's supply of samples against the GPU's demand (advisor.pipeline)."""
+    workers: int | None = None
+    """DataLoader workers per GPU; None: every vCPU of the GPU's share of its host but the training's."""
+    vcpus_per_gpu: float | None = None
+    """vCPUs per GPU of the host for every GPU; None: each GPU's priced instance's, else this machine's."""
 
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
@@ -109,6 +119,12 @@ class PlanRequest:
         _check_whole("steps", self.steps, MAX_JOB_SAMPLES)
         _check_whole("tokens", self.tokens, MAX_JOB_TOKENS)
         _check_whole("sequence length", self.seq_len, MAX_SEQ_LEN)
+        _check_whole("workers", self.workers, MAX_WORKERS)
+        _check_positive("vCPUs per GPU", self.vcpus_per_gpu, MAX_VCPUS_PER_GPU)
+        if self.vcpus_per_gpu is not None and self.vcpus_per_gpu < 1:
+            raise UserError(f"vCPUs per GPU must be at least 1, got {self.vcpus_per_gpu:g}")
+        if not self.input_pipeline and (self.workers is not None or self.vcpus_per_gpu is not None):
+            raise UserError("--workers and --vcpus-per-gpu describe the input pipeline: drop --no-input-pipeline")
         for name, value, limit in (("epochs", self.epochs, MAX_EPOCHS), ("budget", self.budget_usd, MAX_USD),
                                    ("deadline", self.deadline_hours, MAX_HOURS),
                                    ("max card price", self.max_price_usd, MAX_USD)):
@@ -202,7 +218,7 @@ class PlanRequest:
         from advisor.estimate.plan import EstimateSettings
 
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
-                                self.assumptions(model))
+                                self.assumptions(model), self.workers, self.vcpus_per_gpu)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""
@@ -230,6 +246,12 @@ class PlanRequest:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+
+def input_pipeline_default() -> bool:
+    """Whether estimates time the input pipeline unless told: yes, but where $GPU_ADVISOR_INPUT_PIPELINE is
+    "off" (the test suite's setting: a timed pipeline makes figures vary from run to run)."""
+    return os.environ.get("GPU_ADVISOR_INPUT_PIPELINE", "on").lower() != "off"
 
 
 PLAN_MODES = ("auto", "always", "never")

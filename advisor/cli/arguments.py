@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from advisor.app.request import PLAN_MODES, PlanRequest
+from advisor.app.request import PLAN_MODES, PlanRequest, input_pipeline_default
 from advisor.errors import shorten
 from advisor.estimate.costs import DEFAULT_SAMPLES
 from advisor.limits import (
@@ -26,6 +26,8 @@ from advisor.limits import (
     MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
+    MAX_VCPUS_PER_GPU,
+    MAX_WORKERS,
 )
 from advisor.profile.choices import (
     ALL_LINEAR,
@@ -214,6 +216,16 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plans", choices=PLAN_MODES, default="auto",
                         help="the fit advisor: other settings that fit, each traced and estimated (auto: when "
                              "nothing fits; always: also faster or cheaper ways; never)")
+    feeding = parser.add_argument_group("input pipeline (the CPU's side: the file's dataset(), else a built-in "
+                                        "one for its inputs, timed on this machine)")
+    feeding.add_argument("--no-input-pipeline", dest="input_pipeline", action="store_false", default=None,
+                         help="do not time the input pipeline, nor weigh its supply against each GPU's demand")
+    feeding.add_argument("--workers", type=bounded_int(MAX_WORKERS), metavar="N",
+                         help="DataLoader workers per GPU (default: every vCPU of the GPU's share of its host "
+                              "but the training process's)")
+    feeding.add_argument("--vcpus-per-gpu", type=bounded_float(MAX_VCPUS_PER_GPU), metavar="V",
+                         help="the host's vCPUs per GPU, for every GPU (default: those of the GPU's priced "
+                              "cloud instance, else this machine's CPUs)")
     goals = parser.add_argument_group("goals (each adds the device that meets it best)")
     goals.add_argument("--budget-usd", type=bounded_float(MAX_USD), metavar="USD",
                        help="the fastest device whose rented job costs at most this")
@@ -239,6 +251,8 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         max_price_usd=getattr(args, "max_price_usd", None), lora=getattr(args, "lora", None),
         lora_targets=tuple(getattr(args, "lora_targets", None) or ()), base_weights=getattr(args, "base_weights", None),
         plans=getattr(args, "plans", "auto"),
+        input_pipeline=getattr(args, "input_pipeline", None) is not False and input_pipeline_default(),
+        workers=getattr(args, "workers", None), vcpus_per_gpu=getattr(args, "vcpus_per_gpu", None),
     )
 
 

@@ -16,6 +16,7 @@ from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
 from advisor.present.format import describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
+from advisor.present.pipeline import pipeline_line, supply_line
 from advisor.present.plans import plan_lines
 from advisor.present.ranking import SORT_KEYS, sort_results
 from advisor.errors import UserError
@@ -203,7 +204,8 @@ def _header(estimate: Estimate) -> list[str]:
 
 def _footer(estimate: Estimate, request: PlanRequest | None) -> list[str]:
     goals = [] if request is None else goal_lines(estimate, request)
-    return _summary(estimate) + goals + trace_notes(estimate.trace)
+    feeding = [line for line in (supply_line(estimate), pipeline_line(estimate)) if line]
+    return _summary(estimate) + feeding + goals + trace_notes(estimate.trace)
 
 
 def goal_lines(estimate: Estimate, request: PlanRequest) -> list[str]:

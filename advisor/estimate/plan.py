@@ -14,6 +14,8 @@ from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
 from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
+from advisor.pipeline.supply import Host, InputSupply, PipelineProfile, input_supply
+from advisor.process import collector_paused
 from advisor.estimate.ops import DTYPE_FALLBACK
 from advisor.profile.choices import precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
@@ -49,6 +51,9 @@ class DeviceEstimate:
     """The device's peak FLOP/s in the precision's math dtype (None: unknown)."""
     tokens_per_sample: int | None = None
     """The sequence length of a sequence model (None: not one)."""
+    input_supply: InputSupply | None = None
+    """The input pipeline on this GPU's host against what the GPU consumes (None: not assessed); when it
+    cannot keep up, `step` includes the wait (its "input" part)."""
 
     @property
     def id(self) -> str:
@@ -144,6 +149,7 @@ class DeviceEstimate:
             "purchase_usd": None if gpu is None else gpu.purchase_usd,
             "ownership": None if self.owning is None or not fits else self.owning.to_dict(),
             "top_ops": self.step.top_ops(top_ops) if fits else [],
+            "input_pipeline": None if self.input_supply is None or not fits else self.input_supply.to_dict(),
         }
 
 
@@ -160,6 +166,10 @@ class EstimateSettings:
     """Tokens per sample of a sequence model (the file's SEQ_LEN or --seq-len); None: not one."""
     assumptions: tuple[str, ...] = ()
     """Settings chosen for the user, each a phrase ("amp-bf16 (assumed for a language model; --precision)")."""
+    workers: int | None = None
+    """DataLoader workers per GPU (None: every vCPU of the GPU's share of its host but the training's)."""
+    vcpus_per_gpu: float | None = None
+    """The host's vCPUs per GPU for every GPU (None: each GPU's priced instance, else this machine)."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
@@ -184,6 +194,8 @@ class EstimateSettings:
             "lora_targets": list(adaptation.lora_targets),
             "base_weights": adaptation.base_weights,
             "assumptions": list(self.assumptions),
+            "workers": self.workers,
+            "vcpus_per_gpu": self.vcpus_per_gpu,
         }
 
 
@@ -197,6 +209,8 @@ class Estimate:
     results: tuple[DeviceEstimate, ...]
     electricity_usd_per_kwh: float
     second: StepTrace | None = field(default=None, repr=False, compare=False)
+    pipeline: PipelineProfile | None = field(default=None, repr=False, compare=False)
+    """The input pipeline as measured on this machine (None: not assessed)."""
     """The step traced at twice the batch (the memory line's second point): with `trace`, what a new
     estimate of the same step on other devices, prices or job can reuse."""
 
@@ -276,6 +290,7 @@ class Estimate:
             "results": [r.to_dict(top_ops) for r in self.results],
             "coverage": coverage_of(trace).to_dict(),
             "trace": trace_summary(trace),
+            "input_pipeline": None if self.pipeline is None else self.pipeline.to_dict(),
         }
 
 
@@ -302,10 +317,19 @@ def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...
 
 
 def estimate_device(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, memory: DeviceMemory,
-                    db: HardwareDB, lowered: Chunks | None = None) -> DeviceEstimate:
-    """Step time, job length and money of one device (`lowered`: as step_time)."""
+                    db: HardwareDB, lowered: Chunks | None = None,
+                    pipeline: PipelineProfile | None = None) -> DeviceEstimate:
+    """Step time, job length and money of one device (`lowered`: as step_time); on a GPU, with the wait
+    for its input `pipeline` where that cannot keep up."""
     step = step_time(trace, settings.memory, target, lowered)
     batch = settings.memory.batch_size
+    supply = None
+    if pipeline is not None and target.device.kind == "gpu" and memory.fits:
+        host = host_for(target, db, settings, pipeline.mechanics.cpus)
+        loader_batch = settings.memory.micro_batch or batch
+        supply = input_supply(pipeline, host, loader_batch, batch / step.step_s, settings.workers)
+        if supply.limits:
+            step = step.with_input_stall(batch / supply.supply_samples_per_s - step.step_s)
     steps = settings.job.steps_for(batch)
     hours = steps * step.step_s / SECONDS_PER_HOUR
     gpu = target.gpu
@@ -318,7 +342,28 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
     micro = trace.flops() - trace.flops("optimizer")
     step_flops = micro * settings.memory.accumulation_steps + trace.flops("optimizer")
     return DeviceEstimate(target, memory, step, batch, steps, costs, owning, step_flops,
-                          peak_flops(target, settings.memory.precision), settings.seq_len)
+                          peak_flops(target, settings.memory.precision), settings.seq_len, supply)
+
+
+def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings, local_cpus: int) -> Host:
+    """Where `target`'s batches are prepared: --vcpus-per-gpu's host; this machine for a local GPU; the
+    instance of the GPU's cheapest 1-GPU offer that lists its vCPUs, else of any offer that does (the
+    fewest vCPUs per GPU); else this machine (a GPU bought goes into the user's own)."""
+    if settings.vcpus_per_gpu is not None:
+        return Host(f"{settings.vcpus_per_gpu:g} vCPUs per GPU (--vcpus-per-gpu)", settings.vcpus_per_gpu, False)
+    if target.local or target.gpu is None:
+        return Host("this machine", local_cpus, True)
+    offers = [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
+    sized = [o for o in offers if o.gpus_per_instance == JOB_GPUS]
+    if sized:
+        offer = min(sized, key=lambda o: o.usd_per_gpu_hour)
+    elif offers:
+        offer = min(offers, key=lambda o: (o.vcpus_per_gpu, o.usd_per_gpu_hour))
+    else:
+        return Host("this machine (no instance with this GPU lists its vCPUs)", local_cpus, True)
+    vcpus = offer.vcpus_per_gpu
+    assert vcpus is not None
+    return Host(f"{offer.provider} {offer.instance} ({vcpus:g} vCPUs per GPU)", vcpus, False)
 
 
 def peak_flops(target: EstimateTarget, precision: str) -> float | None:
@@ -331,9 +376,17 @@ def peak_flops(target: EstimateTarget, precision: str) -> float | None:
 
 def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,
                    progress: Progress = lambda message: None, trace: StepTrace | None = None,
-                   second: StepTrace | None = None) -> Estimate:
+                   second: StepTrace | None = None, pipeline: PipelineProfile | None = None) -> Estimate:
     """Trace `model`'s training step (or reuse `trace`, and `second` at twice its batch) and estimate
-    it on every target."""
+    it on every target, with its input `pipeline` where measured (Python's cyclic collector paused:
+    process.collector_paused)."""
+    with collector_paused():
+        return _estimate_model(model, db, targets, settings, progress, trace, second, pipeline)
+
+
+def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,
+                    progress: Progress, trace: StepTrace | None, second: StepTrace | None,
+                    pipeline: PipelineProfile | None) -> Estimate:
     memory_settings = settings.memory
     if trace is None or second is None:
         trace, second = trace_both_batches(model, memory_settings, trace, progress)
@@ -353,8 +406,9 @@ def estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateT
         if target.device.kind == "gpu":
             memory = device_memory(step, target, target.memory_overhead, batch_model,
                                    memory_settings.cuda_context_bytes)
-            results.append(estimate_device(trace, settings, target, memory, db, lowered))
+            results.append(estimate_device(trace, settings, target, memory, db, lowered, pipeline))
         else:
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
             results.append(estimate_device(cpu_trace, settings, target, memory, db))
-    return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh, second)
+    return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh, second,
+                    pipeline)

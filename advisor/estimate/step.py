@@ -45,6 +45,8 @@ from advisor.estimate.ops import (
 from advisor.profile.trace import OpRecord, StepTrace
 
 BOUNDS = ("compute", "memory", "overhead")
+INPUT_BOUND = "input"
+"""The fourth part of a step: the GPU waiting for the input pipeline (advisor.pipeline.supply)."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,14 @@ class StepTime:
 
     @property
     def bound(self) -> str:
-        """What limits the step: the largest part of by_bound."""
-        return max(BOUNDS, key=lambda b: self.by_bound[b])
+        """What limits the step: the largest part of by_bound ("input" when the GPU waits for its batches
+        more than for anything else)."""
+        return max(self.by_bound, key=lambda b: self.by_bound[b])
+
+    def with_input_stall(self, stall_s: float) -> StepTime:
+        """The step when the GPU also waits `stall_s` seconds for its input pipeline (by_bound["input"])."""
+        assert stall_s >= 0, stall_s
+        return replace(self, step_s=self.step_s + stall_s, by_bound={**self.by_bound, INPUT_BOUND: stall_s})
 
     @property
     def layout_s(self) -> float:

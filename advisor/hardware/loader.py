@@ -76,7 +76,7 @@ GPU_OPTIONAL = (
     "notes",
 )
 OFFER_REQUIRED = ("gpu", "provider", "instance", "gpus_per_instance", "usd_per_gpu_hour", "region", "source")
-OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date")
+OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date", "vcpus", "host_memory_gb")
 SOURCE_REQUIRED = ("id", "grade", "title", "url")
 OVERHEAD_REQUIRED = ("id", "cuda_context_mib", "cublas_workspace_mib", "sources")
 OVERHEAD_OPTIONAL = ("notes",)
@@ -106,6 +106,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "street_price_usd": (0, 1_000_000),
     "usd_per_gpu_hour": (0, 1000),
     "gpus_per_instance": (0, 1024),
+    "vcpus": (1, 4096),
+    "host_memory_gb": (0.5, 65_536),
     "cuda_context_mib": (0, 65_536),
     "cublas_workspace_mib": (0, 65_536),
     "electricity_usd_per_kwh": (0, 10),
@@ -707,6 +709,8 @@ def _build_offer(
         date=date,
         notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
         origin=str(path),
+        vcpus=_optional(raw, "vcpus", lambda v: _as_int(path, label, "vcpus", v)),
+        host_memory_gb=_optional(raw, "host_memory_gb", lambda v: _as_number(path, label, "host_memory_gb", v)),
     )
 
 

@@ -153,6 +153,16 @@ class CloudOffer:
     date: dt.date
     notes: str | None
     origin: str
+    vcpus: int | None = None
+    """The whole instance's vCPUs (hardware threads), where the source lists them; None for a GPU sold
+    alone (the host VM is chosen separately)."""
+    host_memory_gb: float | None = None
+    """The whole instance's host memory, GB, where listed."""
+
+    @property
+    def vcpus_per_gpu(self) -> float | None:
+        """vCPUs per GPU of the instance (None: not listed)."""
+        return None if self.vcpus is None else self.vcpus / self.gpus_per_instance
 
     @property
     def instance_usd_per_hour(self) -> float:
@@ -173,6 +183,8 @@ class CloudOffer:
             "source": self.source,
             "date": self.date.isoformat(),
             "notes": self.notes,
+            "vcpus": self.vcpus,
+            "host_memory_gb": self.host_memory_gb,
         }
 
 

@@ -10,6 +10,7 @@
     SEQ_LEN = 2048                              # optional: tokens per sample (sequence models)
     def example_input(batch_size, seq_len=None) # may accept seq_len: --seq-len passes it
     TRAIN_TOKENS = 10_000_000                   # optional: the default job in tokens
+    def dataset() -> torch.utils.data.Dataset   # optional: training samples with their transforms
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class ModelFile:
     origin: str = ""
     """Where a model by name came from ("meta-llama/Llama-3.1-8B, config from the built-in catalog"); ""
     for a model file."""
+    dataset: Callable[[], Any] | None = None
+    """The file's optional dataset(): its training samples with their transforms (the input pipeline);
+    None: the built-in pipeline its inputs call for (advisor.pipeline.datasets)."""
     fingerprint: str = ""
     """SHA-256 of what the model's step depends on beyond the settings: the file and the Python files
     beside it (a helper module it imports), or a named model's config and the transformers version; the
@@ -256,9 +260,14 @@ def load_model_file(spec: str | None) -> ModelFile:
     if train_samples is not None and not _whole_number_in(train_samples, MAX_JOB_SAMPLES):
         raise UserError(f"{source}: TRAIN_SAMPLES must be a whole number from 1 to {MAX_JOB_SAMPLES:.0e}, "
                         f"got {_short_repr(train_samples)}")
+    dataset = getattr(module, "dataset", None)
+    if dataset is not None:
+        if not callable(dataset):
+            raise UserError(f"{source}: dataset must be a function dataset() that returns a torch.utils.data.Dataset")
+        _check_accepts(dataset, 0, "dataset", source)
     return ModelFile(path, path.stem, builtin, build_model, example_input, loss_fn, sample_unit, batch_size,
                      train_samples, optimizer, seq_len, _takes_seq_len(example_input), train_tokens,
-                     fingerprint=_file_fingerprint(path))
+                     dataset=dataset, fingerprint=_file_fingerprint(path))
 
 
 MAX_FINGERPRINT_FILES = 200

@@ -36,6 +36,7 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
+from advisor.process import collector_paused
 from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISION_TABLE, PRECISIONS, precision_of
 from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
@@ -610,10 +611,11 @@ def trace_training_step(
                    adaptation=adaptation or Adaptation(), dedupe=dedupe)
     if optimizer == FILE_OPTIMIZER and build_optimizer is None:
         raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
-    try:
-        return _trace_with_either_inputs(setup)
-    except _ConstructorNeedsValues:
-        return _trace_with_either_inputs(replace(setup, construction="meta"))
+    with collector_paused():
+        try:
+            return _trace_with_either_inputs(setup)
+        except _ConstructorNeedsValues:
+            return _trace_with_either_inputs(replace(setup, construction="meta"))
 
 
 def _trace_with_either_inputs(setup: _Setup) -> StepTrace:

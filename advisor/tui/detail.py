@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from advisor.present.format import duration, money, percent, plan_duration
+from advisor.present.pipeline import describe_supply
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.tui.chart import memory_bar
 
@@ -22,6 +23,7 @@ class DeviceDetail(VerticalScroll):
         yield Static("Select a device in the Devices tab (Enter).", id="detail-title")
         yield Static(id="detail-memory")
         yield Static(id="detail-time")
+        yield Static(id="detail-input")
         yield Static("Top ops by time", classes="section")
         yield DataTable(id="detail-ops", cursor_type="none", zebra_stripes=True)
         yield Static("Cloud offers", classes="section")
@@ -50,6 +52,9 @@ class DeviceDetail(VerticalScroll):
         else:
             line = "Does not fit: no time or cost (see the memory bar)."
         self.query_one("#detail-time", Static).update(line)
+        feeding = "" if result.input_supply is None or not result.fits else \
+            f"Input: {describe_supply(result, unit)}"
+        self.query_one("#detail-input", Static).update(feeding)
         ops = self.query_one("#detail-ops", DataTable)
         ops.clear()
         for row in step.top_ops(TOP_OPS) if result.fits else []:

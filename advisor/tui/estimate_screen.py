@@ -168,6 +168,14 @@ class EstimateScreen(Screen):
                 yield Label("CUDA context (MiB)")
                 yield Input(_text(request.cuda_context_mib), placeholder="the database's", type="number",
                             id="cuda_context_mib")
+                with Horizontal(classes="switch-row"):
+                    yield Switch(request.input_pipeline, id="input_pipeline")
+                    yield Label("input pipeline")
+                yield Label("DataLoader workers per GPU")
+                yield Input(_text(request.workers), placeholder="vCPUs per GPU - 1", type="integer", id="workers")
+                yield Label("Host vCPUs per GPU")
+                yield Input(_text(request.vcpus_per_gpu), placeholder="the instance's", type="number",
+                            id="vcpus_per_gpu")
                 yield Label("Fit advisor")
                 yield Select([(mode, mode) for mode in PLAN_MODES], value=request.plans, allow_blank=False,
                              id="plans_mode")
@@ -246,6 +254,9 @@ class EstimateScreen(Screen):
             lora_targets=tuple(t.strip() for t in value("lora_targets").split(",") if t.strip()),
             base_weights=chosen("base_weights"),
             plans=str(chosen("plans_mode")),
+            input_pipeline=self.query_one("#input_pipeline", Switch).value,
+            workers=parse_number(value("workers"), int, "workers"),
+            vcpus_per_gpu=parse_number(value("vcpus_per_gpu"), float, "vCPUs per GPU"),
         )
 
     @on(Input.Submitted)
@@ -445,6 +456,10 @@ class EstimateScreen(Screen):
         if request.max_price_usd is not None:
             best = estimate.fastest_to_buy_within(request.max_price_usd)
             text.append(f" · to buy within {money(request.max_price_usd)} USD: {best.id if best else 'no card'}")
+        limited = [r for r in estimate.fitting if r.input_supply is not None and r.input_supply.limits]
+        if limited:
+            text.append(f"\nthe input pipeline cannot keep {len(limited)} of {len(estimate.fitting)} GPUs fed "
+                        "(Bound: input; Detail says by how much)", style="yellow")
         if not estimate.fitting:
             text.append("\nthe model fits on no device as asked: the fit advisor is searching (Plans, key 4)",
                         style="bold red")

@@ -1,0 +1,68 @@
+"""The input pipeline in words (issue #27): what was timed, and whether each GPU's host keeps it fed.
+Shared by the command line, the report and the TUI."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from advisor.present.format import duration
+
+if TYPE_CHECKING:  # torch: only once an estimate exists
+    from advisor.estimate.plan import DeviceEstimate, Estimate
+
+ADVICE = {
+    "images": "GPU decoding (NVIDIA DALI, torchvision.io.decode_jpeg on the GPU with nvJPEG), pre-decoded or "
+              "pre-resized data (FFCV, WebDataset shards of smaller images), or a host with more vCPUs per GPU",
+    "tokens": "pre-tokenized data read in larger slices, or a host with more vCPUs per GPU",
+    "tensors": "a host with more vCPUs per GPU",
+    "file": "caching what dataset() computes per sample (pre-processed files), moving augmentation to the GPU, "
+            "or a host with more vCPUs per GPU",
+}
+"""What helps a pipeline that cannot keep up, by pipeline kind."""
+
+
+def pipeline_line(estimate: Estimate) -> str | None:
+    """What was timed: the pipeline, one thread's cost per sample, this machine's DataLoader."""
+    pipeline = estimate.pipeline
+    if pipeline is None:
+        return None
+    timing = pipeline.timing
+    unit = estimate.model.sample_unit
+    return (f"Input pipeline: {pipeline.describe}; one thread of this machine prepares a sample in "
+            f"{duration(timing.sample_s)} + {duration(timing.collate_s)} collation "
+            f"({1 / (timing.sample_s + timing.collate_s):,.0f} {unit}/s per worker alone); "
+            f"{pipeline.mechanics.note}" + ("" if pipeline.mechanics.stored else " (noisy: not stored)"))
+
+
+def supply_line(estimate: Estimate) -> str | None:
+    """Whether the GPUs' hosts keep them fed: the input-bound GPUs and by how much, or that none is."""
+    assessed = [r for r in estimate.results if r.fits and r.input_supply is not None]
+    if not assessed:
+        return None
+    unit = estimate.model.sample_unit
+    limited = [r for r in assessed if r.input_supply is not None and r.input_supply.limits]
+    if not limited:
+        fastest = max(assessed, key=lambda r: r.throughput)
+        return f"Input keeps up on every GPU: {describe_supply(fastest, unit)}"
+    worst = max(limited, key=lambda r: r.input_supply.stall_fraction if r.input_supply else 0.0)
+    kind = estimate.pipeline.kind if estimate.pipeline is not None else "file"
+    return (f"Input-bound on {len(limited)} of {len(assessed)} GPUs (the CPU cannot prepare batches as fast as the "
+            f"GPU trains on them; their times include the wait): worst {describe_supply(worst, unit)}. "
+            f"What helps: {ADVICE[kind]}")
+
+
+def describe_supply(result: DeviceEstimate, unit: str) -> str:
+    """"h100-sxm on aws p5.48xlarge (24 vCPUs per GPU) supplies 2,100 of the 5,900 images/s it consumes
+    with 23 workers: waits 64% of each step; needs more than 23 workers" and the like."""
+    supply = result.input_supply
+    assert supply is not None
+    text = (f"{result.id} on {supply.host.name} supplies {supply.supply_samples_per_s:,.0f} of the "
+            f"{supply.demand_samples_per_s:,.0f} {unit}/s it consumes with {supply.workers} DataLoader workers")
+    if supply.limits:
+        text += f": the GPU waits {supply.stall_fraction:.0%} of each step"
+        needed = supply.workers_needed
+        text += (f"; {needed} workers would keep up" if needed is not None and needed > supply.workers else
+                 "; not even a worker on every vCPU would keep up")
+    elif supply.workers_needed is not None:
+        text += f" ({supply.workers_needed} are enough)"
+    return text

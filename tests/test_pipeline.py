@@ -1,0 +1,179 @@
+"""The input pipeline (issue #27): the supply model's arithmetic, the pipelines chosen, the measurement
+on real DataLoaders, the stored mechanics, and the input-bound step in every interface."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from advisor.cli.main import main
+from advisor.errors import UserError
+from advisor.pipeline import machine
+from advisor.pipeline.datasets import InMemory, JPEGFolder, TokenFile, pipeline_for
+from advisor.pipeline.machine import LoaderMechanics
+from advisor.pipeline.measure import SampleTiming, loader_throughput, measure_samples
+from advisor.pipeline.supply import Host, PipelineProfile, effective_workers, input_supply, usable_workers
+
+MECHANICS = LoaderMechanics(batch_s=1e-3, byte_s=1e-9, second_worker_yield=0.8, cpus=2, stored=True, note="test")
+LOCAL = Host("this machine", 2, True)
+
+
+def profile(sample_s: float = 2e-3, collate_s: float = 0.5e-3, sample_bytes: float = 1e5) -> PipelineProfile:
+    timing = SampleTiming(sample_s, collate_s, 10, sample_bytes, (sample_s,) * 5)
+    return PipelineProfile("file", "test pipeline", timing, MECHANICS)
+
+
+def test_one_worker_prepares_a_batch_in_its_samples_collation_and_transfer() -> None:
+    # 10 x (2 + 0.5) ms + 1 ms per batch + 1 ns x 10 x 100 kB = 25 + 1 + 1 = 27 ms per batch of 10
+    assert profile().batch_cycle_s(10) == pytest.approx(0.027)
+    assert profile().throughput(1, LOCAL, 10) == pytest.approx(10 / 0.027)
+    # no workers: the main process alone, 1 / 2.5 ms
+    assert profile().throughput(0, LOCAL, 10) == pytest.approx(400)
+
+
+def test_workers_side_by_side() -> None:
+    # this machine: 1 + 0.8 x (min(3, 2) - 1) = 1.8 workers' worth, whatever the count beyond its CPUs
+    assert effective_workers(2, LOCAL, MECHANICS) == pytest.approx(1.8)
+    assert effective_workers(3, LOCAL, MECHANICS) == pytest.approx(1.8)
+    # 12 vCPUs per GPU = 6 cores; 11 workers: 6 + 0.25 x (11 - 6) = 7.25
+    cloud = Host("p4d", 12, False)
+    assert effective_workers(11, cloud, MECHANICS) == pytest.approx(7.25)
+    # 4 workers on 6 cores: 4; the training process keeps one vCPU: at most 11 run
+    assert effective_workers(4, cloud, MECHANICS) == pytest.approx(4)
+    assert effective_workers(20, cloud, MECHANICS) == pytest.approx(7.25)
+    assert usable_workers(cloud) == 11 and usable_workers(LOCAL) == 2 and usable_workers(Host("x", 1, False)) == 1
+
+
+def test_supply_against_demand() -> None:
+    cloud = Host("p4d", 12, False)
+    one = profile().throughput(1, cloud, 10)  # 370.4/s per worker alone
+    supply = input_supply(profile(), cloud, 10, demand_samples_per_s=1000.0)
+    # 2 workers 740.7/s, 3 workers 1,111/s: 3 keep up; 11 workers give 7.25 x 370.4 = 2,685/s
+    assert supply.workers == 11 and supply.workers_needed == 3
+    assert supply.supply_samples_per_s == pytest.approx(7.25 * one)
+    assert not supply.limits and supply.stall_fraction == 0
+    starved = input_supply(profile(), cloud, 10, demand_samples_per_s=4000.0)
+    # 2,685 of 4,000: the GPU waits 1 - 2685/4000 = 32.9% of the time; no worker count keeps up
+    assert starved.limits and starved.workers_needed is None
+    assert starved.stall_fraction == pytest.approx(1 - 7.25 * one / 4000)
+    assert set(starved.to_dict()) >= {"supply_samples_per_s", "demand_samples_per_s", "workers_needed",
+                                      "vcpus_per_gpu", "stall_fraction"}
+
+
+def test_the_inputs_choose_the_built_in_pipeline(tmp_path: Path) -> None:
+    images = pipeline_for(None, lambda b: torch.randn(b, 3, 32, 48), "m.py", tmp_path)
+    assert images.kind == "images" and images.read_bytes_per_sample > 50_000  # JPEGs of about 110 KB
+    sample, label = images.make()[0]
+    assert isinstance(images.make(), JPEGFolder) and sample.shape == (3, 32, 48) and sample.dtype == torch.float32
+    tokens = pipeline_for(None, lambda b: {"input_ids": torch.zeros(b, 64, dtype=torch.long)}, "m.py", tmp_path)
+    assert tokens.kind == "tokens" and tokens.read_bytes_per_sample == 2 * 65  # 65 uint16 tokens
+    x, y = tokens.make()[3]
+    assert isinstance(tokens.make(), TokenFile) and x.shape == y.shape == (64,) and torch.equal(x[1:], y[:-1])
+    other = pipeline_for(None, lambda b: (torch.randn(b, 7), torch.randn(b)), "m.py", tmp_path)
+    assert other.kind == "tensors" and isinstance(other.make(), InMemory)
+    assert other.make()[0][0].shape == (7,)
+
+
+class _Slow(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(0.002)
+        return torch.zeros(10)
+
+
+def test_a_file_dataset_is_checked(tmp_path: Path) -> None:
+    for made, message in ((lambda: [1, 2], "returned list, not a map-style"),
+                          (lambda: torch.utils.data.TensorDataset(torch.zeros(0, 2)), "returned an empty dataset")):
+        pipeline = pipeline_for(made, lambda b: torch.zeros(b), "m.py", tmp_path)
+        with pytest.raises(UserError, match=message):
+            pipeline.make()
+
+
+def test_samples_are_timed_on_one_thread() -> None:
+    threads = torch.get_num_threads()
+    timing = measure_samples(_Slow(), batch=8)
+    assert torch.get_num_threads() == threads
+    assert 0.002 <= timing.sample_s < 0.05  # a 2 ms sleep each
+    assert timing.sample_bytes == 40  # ten float32 zeros, collated
+    assert len(timing.rounds_s) == 5 and timing.spread >= 0
+
+
+def test_the_real_dataloader_is_counted() -> None:
+    # one worker sleeping 2 ms per sample: at most 500 samples/s
+    rate = loader_throughput(_Slow(), batch=4, workers=1, batches=5)
+    assert 50 < rate <= 500
+
+
+def test_mechanics_are_stored_for_this_machine_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    machine.store(tmp_path, MECHANICS)
+    assert machine.load(tmp_path) == MECHANICS
+    path = tmp_path / "loader-mechanics.json"
+    document = json.loads(path.read_text())
+    document["body"]["mechanics"]["second_worker_yield"] = 0.1  # edited: the checksum no longer matches
+    path.write_text(json.dumps(document))
+    assert machine.load(tmp_path) is None
+    machine.store(tmp_path, MECHANICS)
+    monkeypatch.setattr(machine, "fingerprint", lambda: "another machine")
+    assert machine.load(tmp_path) is None
+
+
+SLOW_FILE = """
+import time, torch
+SAMPLE_UNIT = "rows"
+def build_model():
+    return torch.nn.Linear(64, 1)
+def example_input(batch_size):
+    return torch.randn(batch_size, 64)
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, index):
+        time.sleep(0.004)
+        return torch.zeros(64)
+def dataset():
+    return Slow()
+"""
+
+
+def _estimate_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict | None, str]:
+    code = main(["estimate", *argv, "--json", "--plans", "never"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else None), err
+
+
+def test_an_input_bound_gpu_waits_for_its_batches(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPU_ADVISOR_INPUT_PIPELINE", "on")
+    machine.store(tmp_path / "cache" / "pipeline", MECHANICS)  # no synthetic DataLoader runs in the test
+    model = tmp_path / "slow.py"
+    model.write_text(SLOW_FILE)
+    code, document, err = _estimate_json(capsys, str(model), "--gpu", "h100-sxm", "--vcpus-per-gpu", "4",
+                                         "--batch-size", "32")
+    assert code == 0, err
+    result = document["results"][0]
+    feeding = result["input_pipeline"]
+    # a 64 -> 1 linear layer on an H100 wants far more rows/s than 3 workers sleeping 4 ms a row give
+    assert feeding["vcpus_per_gpu"] == 4 and feeding["workers"] == 3 and feeding["workers_needed"] is None
+    assert result["bound"] == "input" and feeding["stall_fraction"] > 0.9
+    assert result["throughput_samples_per_s"] == pytest.approx(feeding["supply_samples_per_s"])
+    assert result["time_breakdown_s"]["input"] == pytest.approx(
+        32 / feeding["supply_samples_per_s"] - 32 / feeding["demand_samples_per_s"])
+    assert document["input_pipeline"]["kind"] == "file"
+    code, document, _ = _estimate_json(capsys, str(model), "--gpu", "h100-sxm", "--no-input-pipeline")
+    assert document["results"][0]["input_pipeline"] is None and document["results"][0]["bound"] != "input"
+
+
+def test_input_pipeline_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in ((["--workers", "0"], "--workers: must be at least 1"),
+                          (["--vcpus-per-gpu", "0.5"], "vCPUs per GPU must be at least 1"),
+                          (["--no-input-pipeline", "--workers", "3"], "drop --no-input-pipeline")):
+        code = main(["estimate", "mlp", "--gpu", "t4", *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
