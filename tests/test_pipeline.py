@@ -18,7 +18,8 @@ from advisor.pipeline.machine import LoaderMechanics
 from advisor.pipeline.measure import SampleTiming, loader_throughput, measure_samples
 from advisor.pipeline.supply import Host, PipelineProfile, effective_workers, input_supply, usable_workers
 
-MECHANICS = LoaderMechanics(batch_s=1e-3, byte_s=1e-9, second_worker_yield=0.8, cpus=2, stored=True, note="test")
+MECHANICS = LoaderMechanics(batch_s=1e-3, byte_s=1e-9, contention=0.25, coherency=0.0, cpus=2,
+                            measured_workers=(1, 2), stored=True, note="test")
 LOCAL = Host("this machine", 2, True)
 
 
@@ -36,9 +37,10 @@ def test_one_worker_prepares_a_batch_in_its_samples_collation_and_transfer() -> 
 
 
 def test_workers_side_by_side() -> None:
-    # this machine: 1 + 0.8 x (min(3, 2) - 1) = 1.8 workers' worth, whatever the count beyond its CPUs
-    assert effective_workers(2, LOCAL, MECHANICS) == pytest.approx(1.8)
-    assert effective_workers(3, LOCAL, MECHANICS) == pytest.approx(1.8)
+    # this machine: min(3, 2) / (1 + 0.25 x (2 - 1)) = 1.6 workers' worth, whatever the count beyond its CPUs
+    assert effective_workers(2, LOCAL, MECHANICS) == pytest.approx(1.6)
+    assert effective_workers(3, LOCAL, MECHANICS) == pytest.approx(1.6)
+    assert MECHANICS.second_worker_yield == pytest.approx(0.6)
     # 12 vCPUs per GPU = 6 cores; 11 workers: 6 + 0.25 x (11 - 6) = 7.25
     cloud = Host("p4d", 12, False)
     assert effective_workers(11, cloud, MECHANICS) == pytest.approx(7.25)
@@ -46,6 +48,21 @@ def test_workers_side_by_side() -> None:
     assert effective_workers(4, cloud, MECHANICS) == pytest.approx(4)
     assert effective_workers(20, cloud, MECHANICS) == pytest.approx(7.25)
     assert usable_workers(cloud) == 11 and usable_workers(LOCAL) == 2 and usable_workers(Host("x", 1, False)) == 1
+
+
+def test_scaling_law_fitted_over_worker_counts() -> None:
+    # worker counts measured: powers of two up to the CPUs (at most 8) and the CPU count itself
+    assert machine.worker_counts(1) == (1,) and machine.worker_counts(2) == (1, 2)
+    assert machine.worker_counts(6) == (1, 2, 4, 6) and machine.worker_counts(32) == (1, 2, 4, 8)
+    # two counts: contention alone; 2 / (1 + a) = 1.6 -> a = 0.25
+    assert machine.fit_scaling({1: 1.0, 2: 1.6}) == pytest.approx((0.25, 0.0), abs=1e-6)
+    # four counts made from a = 0.05, b = 0.01: N / (1 + 0.05 (N - 1) + 0.01 N (N - 1)) -> both found
+    made = {n: machine.usl(n, 0.05, 0.01) for n in (1, 2, 4, 8)}
+    assert made[8] == pytest.approx(8 / (1 + 0.35 + 0.56))  # 4.19
+    assert machine.fit_scaling(made) == pytest.approx((0.05, 0.01), abs=1e-4)
+    # faster than linear (noise) is clipped to no contention; one count: nothing to fit
+    assert machine.fit_scaling({1: 1.0, 2: 2.1})[0] == pytest.approx(0.0, abs=1e-9)
+    assert machine.fit_scaling({1: 1.0}) == (0.0, 0.0)
 
 
 def test_supply_against_demand() -> None:
@@ -115,7 +132,7 @@ def test_mechanics_are_stored_for_this_machine_only(tmp_path: Path, monkeypatch:
     assert machine.load(tmp_path) == MECHANICS
     path = tmp_path / "loader-mechanics.json"
     document = json.loads(path.read_text())
-    document["body"]["mechanics"]["second_worker_yield"] = 0.1  # edited: the checksum no longer matches
+    document["body"]["mechanics"]["contention"] = 0.1  # edited: the checksum no longer matches
     path.write_text(json.dumps(document))
     assert machine.load(tmp_path) is None
     machine.store(tmp_path, MECHANICS)
@@ -177,3 +194,37 @@ def test_input_pipeline_flags_are_checked(capsys: pytest.CaptureFixture[str]) ->
         code = main(["estimate", "mlp", "--gpu", "t4", *argv])
         err = capsys.readouterr().err
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_steady_pipeline_timing_is_stored_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from advisor.pipeline import profile as pipeline_profile
+    from advisor.pipeline.stored import checksum
+    from advisor.profile.model_file import load_model_file
+
+    monkeypatch.setenv("GPU_ADVISOR_CACHE_DIR", str(tmp_path / "cache"))
+    machine.store(tmp_path / "cache" / "pipeline", MECHANICS)
+    model_path = tmp_path / "slow.py"
+    model_path.write_text(SLOW_FILE)
+    model = load_model_file(str(model_path))
+    first = pipeline_profile.measure_pipeline(model)
+    timings = list((tmp_path / "cache" / "pipeline" / "timings").glob("*.json"))
+    assert len(timings) == 1 and first.timing.sample_s >= 0.004  # time.sleep(0.004) per sample
+    pipeline_profile._MEASURED.clear()  # a new process: read from the cache, not measured again
+    calls: list[int] = []
+    monkeypatch.setattr(pipeline_profile, "measure_samples", lambda *args: calls.append(1) or first.timing)
+    assert pipeline_profile.measure_pipeline(model).timing == first.timing and calls == []
+    # older than a day (a model file's own dataset()): measured again
+    document = json.loads(timings[0].read_text())
+    document["body"]["measured_at"] -= 2 * 86_400
+    document["checksum"] = checksum(document["body"])
+    timings[0].write_text(json.dumps(document))
+    pipeline_profile._MEASURED.clear()
+    pipeline_profile.measure_pipeline(model)
+    assert calls == [1]
+    # edited without its checksum: measured again too
+    document = json.loads(timings[0].read_text())
+    document["body"]["timing"]["sample_s"] = 1e-9
+    timings[0].write_text(json.dumps(document))
+    pipeline_profile._MEASURED.clear()
+    pipeline_profile.measure_pipeline(model)
+    assert calls == [1, 1]

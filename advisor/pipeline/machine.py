@@ -4,11 +4,14 @@ synthetic pipeline of known cost, stored in the user's cache, and used for every
 The synthetic sample does a fixed amount of CPU work (a pure-Python loop: the same instructions in every
 process, slowed down by whatever else runs on the same CPU) and returns a tensor of a chosen size. Timed
 one thread in this process (measure.measure_samples) and through the real DataLoader:
-- with one worker and two sample sizes, the DataLoader's own cost per batch beyond the samples and
+- with one worker and three sample sizes, the DataLoader's own cost per batch beyond the samples and
   their collation: a fixed part (index lists and the batch through the worker's queue) and a part per
-  byte (the batch built in shared memory by the worker and mapped by the main process);
-- with two workers, what the second adds on this host (`second_worker_yield`: 1.0 when it runs on a
-  core of its own beside the first and the main process, less where they share).
+  byte (the batch built in shared memory by the worker and mapped by the main process), fitted by
+  non-negative least squares (scipy.optimize.nnls) over the sizes' median runs;
+- with 1, 2, 4, ... workers up to the CPUs this process may use (at most MAX_MEASURED_WORKERS), how
+  throughput scales: the Universal Scalability Law X(N) = X(1) N / (1 + a (N - 1) + b N (N - 1)),
+  contention a and coherency b fitted by scipy.optimize.curve_fit (b only from three or more worker
+  counts; with two, a alone: the second worker's yield). a = b = 0 is linear scaling.
 
 A measurement is stored only when its repeated runs agree (MAX_SPREAD) and no other program took the
 CPUs meanwhile (advisor.calibration.contention); otherwise it is used for this run and said to be noisy.
@@ -23,25 +26,30 @@ import platform
 import resource
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
+from scipy.optimize import curve_fit, nnls
 
-from advisor.atomic import write_atomically
 from advisor.calibration.contention import cpu_snapshot
 from advisor.pipeline.measure import loader_throughput, measure_samples
+from advisor.pipeline.stored import read_document, write_document
 from advisor.probe.cpu import probe_cpu
 
 FORMAT = "gpu-advisor-loader-mechanics"
-SCHEMA = 1
+SCHEMA = 2
 
 SAMPLE_WORK = 20_000
 """Loop iterations of one synthetic sample (about 0.5-1 ms of one thread)."""
 
-SIZES = (1_024, 602_112)
-"""Bytes of a small synthetic sample and of a large one (one 3 x 224 x 224 fp32 image)."""
+SIZES = (1_024, 150_528, 602_112)
+"""Bytes of a small synthetic sample, of one 3 x 224 x 224 uint8 image and of one fp32 image."""
+
+MAX_MEASURED_WORKERS = 8
+"""Most workers the scaling is measured at (1, 2, 4, 8, and the CPU count when between)."""
 
 BATCH = 16
 BATCHES = 24
@@ -75,17 +83,40 @@ class LoaderMechanics:
     """Seconds per batch through a worker beyond its samples and collation (queues, index lists)."""
     byte_s: float
     """Seconds per byte of a collated batch moved from a worker to the main process (shared memory)."""
-    second_worker_yield: float
-    """Throughput a second worker adds on this host, as a fraction of the first's (1.0: a core of its own)."""
+    contention: float
+    """The scaling law's a: the serial share of the workers' time (0: none)."""
+    coherency: float
+    """The scaling law's b: cost growing with pairs of workers (0: none, or fewer than 3 worker counts)."""
     cpus: int
     """CPUs this process may run on."""
+    measured_workers: tuple[int, ...]
+    """The worker counts the scaling was measured at."""
     stored: bool
     """Whether the measurement passed its checks (and was stored); else it serves this run only."""
     note: str
     """What was measured and how steady it was, in a few words."""
 
+    def scaling(self, workers: float) -> float:
+        """Throughput of `workers` workers in units of one worker's (the fitted law; flat past the CPUs).
+
+        # a = 0.1, b = 0, 4 workers: 4 / (1 + 0.1 * 3) = 3.08
+        """
+        n = max(1.0, min(workers, float(self.cpus)))
+        return usl(n, self.contention, self.coherency)
+
+    @property
+    def second_worker_yield(self) -> float:
+        """What a second worker adds, as a fraction of the first's rate (1.0: a core of its own)."""
+        return self.scaling(2) - 1.0 if self.cpus >= 2 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "measured_workers": list(self.measured_workers),
+                "second_worker_yield": self.second_worker_yield}
+
+
+def usl(workers: Any, contention: float, coherency: float) -> Any:
+    """The Universal Scalability Law's relative throughput N / (1 + a (N - 1) + b N (N - 1))."""
+    return workers / (1.0 + contention * (workers - 1.0) + coherency * workers * (workers - 1.0))
 
 
 def usable_cpus() -> int:
@@ -105,29 +136,22 @@ def _path(cache: Path) -> Path:
 
 def load(cache: Path) -> LoaderMechanics | None:
     """The stored mechanics of this machine, or None (none stored, another machine's, unreadable)."""
-    try:
-        document = json.loads(_path(cache).read_text())
-        body = document["body"]
-        if document.get("format") != FORMAT or document.get("schema") != SCHEMA \
-                or document.get("checksum") != _checksum(body) or body.get("fingerprint") != fingerprint():
-            return None
-        fields = body["mechanics"]
-        return LoaderMechanics(float(fields["batch_s"]), float(fields["byte_s"]), float(fields["second_worker_yield"]),
-                               int(fields["cpus"]), True, str(fields["note"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    body = read_document(_path(cache), FORMAT, SCHEMA)
+    if body is None or body.get("fingerprint") != fingerprint():
         return None
-
-
-def _checksum(body: Any) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    try:
+        fields = body["mechanics"]
+        return LoaderMechanics(float(fields["batch_s"]), float(fields["byte_s"]), float(fields["contention"]),
+                               float(fields["coherency"]), int(fields["cpus"]),
+                               tuple(int(n) for n in fields["measured_workers"]), True, str(fields["note"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def store(cache: Path, mechanics: LoaderMechanics) -> None:
     body = {"fingerprint": fingerprint(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "mechanics": mechanics.to_dict()}
-    cache.mkdir(parents=True, exist_ok=True)
-    write_atomically(_path(cache), json.dumps({"format": FORMAT, "schema": SCHEMA, "body": body,
-                                               "checksum": _checksum(body)}, indent=1))
+    write_document(_path(cache), FORMAT, SCHEMA, body)
 
 
 def mechanics(cache: Path) -> LoaderMechanics:
@@ -144,34 +168,69 @@ def mechanics(cache: Path) -> LoaderMechanics:
 def measure_mechanics() -> LoaderMechanics:
     """Time the synthetic pipeline one thread in-process and through the DataLoader (see the module)."""
     before = cpu_snapshot(), _children_cpu_s()
-    cycles: dict[int, float] = {}  # sample size -> measured seconds per batch with one worker
-    own: dict[int, float] = {}  # sample size -> one thread's seconds per batch (samples and collation)
-    spreads = []
-    for size in SIZES:
-        timing = measure_samples(Synthetic(size), BATCH)
-        own[size] = BATCH * (timing.sample_s + timing.collate_s)
-        runs = [loader_throughput(Synthetic(size), BATCH, 1, BATCHES) for _ in range(REPEATS)]
-        spreads.append(_spread(runs))
-        cycles[size] = BATCH / statistics.median(runs)
-    small, large = SIZES
-    extra_small, extra_large = (max(0.0, cycles[s] - own[s]) for s in SIZES)
-    byte_s = max(0.0, (extra_large - extra_small) / (BATCH * (large - small)))
-    batch_s = max(0.0, extra_small - byte_s * BATCH * small)
+    spreads: list[float] = []
+    batch_s, byte_s = _fit_costs(spreads)
     cpus = usable_cpus()
-    if cpus >= 2:
-        one = BATCH / cycles[small]
-        runs = [loader_throughput(Synthetic(small), BATCH, 2, BATCHES) for _ in range(REPEATS)]
+    counts = worker_counts(cpus)
+    rates = {}
+    for workers in counts:
+        runs = [loader_throughput(Synthetic(SIZES[0]), BATCH, workers, BATCHES) for _ in range(REPEATS)]
         spreads.append(_spread(runs))
-        second = min(1.0, max(0.0, statistics.median(runs) / one - 1))
-    else:
-        second = 0.0
+        rates[workers] = statistics.median(runs)
+    contention, coherency = fit_scaling({n: rate / rates[1] for n, rate in rates.items()})
     busy = others_cores(before, (cpu_snapshot(), _children_cpu_s()))
     quiet = busy is None or busy < 0.5
     steady = max(spreads) <= MAX_SPREAD
+    measured = LoaderMechanics(batch_s, byte_s, contention, coherency, cpus, counts, quiet and steady, "")
+    scaling = ", ".join(f"{n} workers {measured.scaling(n):.2f}x" for n in counts[1:]) or "one CPU"
     note = (f"DataLoader measured on a synthetic pipeline: {batch_s * 1e3:.2f} ms per batch + "
-            f"{byte_s * 1e9:.2f} ns per byte; a second worker adds {second:.0%}; runs within {max(spreads):.0%}"
+            f"{byte_s * 1e9:.2f} ns per byte; {scaling} of one; runs within {max(spreads):.0%}"
             + ("" if quiet else f"; other programs kept {busy:.1f} CPUs busy"))
-    return LoaderMechanics(batch_s, byte_s, second, cpus, quiet and steady, note)
+    return replace(measured, note=note)
+
+
+def worker_counts(cpus: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the CPUs (at most MAX_MEASURED_WORKERS), and the CPU count itself.
+
+    # 6 CPUs: (1, 2, 4, 6); 2 CPUs: (1, 2); 32 CPUs: (1, 2, 4, 8)
+    """
+    top = max(1, min(cpus, MAX_MEASURED_WORKERS))
+    counts = {1, top} | {2**k for k in range(1, 4) if 2**k <= top}
+    return tuple(sorted(counts))
+
+
+def _fit_costs(spreads: list[float]) -> tuple[float, float]:
+    """(seconds per batch, seconds per byte) beyond one thread's samples and collation, by non-negative
+    least squares over the median one-worker run at each sample size."""
+    rows, extras = [], []
+    for size in SIZES:
+        timing = measure_samples(Synthetic(size), BATCH)
+        own = BATCH * (timing.sample_s + timing.collate_s)
+        runs = [loader_throughput(Synthetic(size), BATCH, 1, BATCHES) for _ in range(REPEATS)]
+        spreads.append(_spread(runs))
+        rows.append([1.0, BATCH * size])
+        extras.append(BATCH / statistics.median(runs) - own)
+    (batch_s, byte_s), _ = nnls(numpy.array(rows), numpy.array(extras))
+    return float(batch_s), float(byte_s)
+
+
+def fit_scaling(relative: dict[int, float]) -> tuple[float, float]:
+    """(contention a, coherency b) of the scaling law through `relative` (workers -> throughput in units
+    of one worker's), both within [0, 1]; b is 0 with fewer than three worker counts.
+
+    # two workers at 1.8x: 2 / (1 + a) = 1.8 -> a = 0.111
+    """
+    counts = sorted(relative)
+    assert counts and counts[0] == 1, counts
+    if len(counts) == 1:
+        return 0.0, 0.0
+    x = numpy.array(counts, dtype=float)
+    y = numpy.array([relative[n] for n in counts])
+    if len(counts) == 2:
+        (a,), _ = curve_fit(lambda n, a: usl(n, a, 0.0), x, y, p0=[0.05], bounds=([0.0], [1.0]))
+        return float(a), 0.0
+    (a, b), _ = curve_fit(usl, x, y, p0=[0.05, 0.0], bounds=([0.0, 0.0], [1.0, 1.0]))
+    return float(a), float(b)
 
 
 def _spread(values: list[float]) -> float:

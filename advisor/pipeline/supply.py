@@ -4,8 +4,8 @@ against how many a GPU consumes.
 One worker prepares a batch in `batch_cycle_s`: its samples and their collation on one thread (measured
 here: measure.py), plus the DataLoader's own cost per batch and per byte moved through shared memory
 (this machine's LoaderMechanics). Workers run side by side:
-- on this machine, as measured: the second worker adds `second_worker_yield` of the first's rate, each
-  further one up to the CPU count likewise;
+- on this machine, as measured: the scaling law fitted to its DataLoader at 1, 2, 4, ... workers
+  (machine.LoaderMechanics.scaling), flat past its CPU count;
 - on a cloud instance, whose vCPUs are hardware threads, two per physical core (AWS, Google Cloud and
   Azure document their GPU instances' vCPUs so): the training process keeps one vCPU, the workers share
   the rest; the first thread of each core runs at full rate, a second thread on a core adds SMT_YIELD.
@@ -83,11 +83,11 @@ def usable_workers(host: Host) -> int:
 def effective_workers(workers: int, host: Host, mechanics: LoaderMechanics) -> float:
     """Workers' combined rate in units of one worker alone on a free core.
 
-    # this machine, 2 CPUs, second worker measured at +85%: 3 workers -> 1 + 0.85 * (2 - 1) = 1.85
+    # this machine, 2 CPUs, contention a = 0.081 (a second worker at +85%): 3 workers -> 2 / 1.081 = 1.85
     # 12 vCPUs per GPU (6 cores), 11 workers: 6 + 0.25 * (11 - 6) = 7.25
     """
     if host.local:
-        return 1.0 + mechanics.second_worker_yield * (min(workers, mechanics.cpus) - 1)
+        return mechanics.scaling(workers)
     cores = host.vcpus_per_gpu / THREADS_PER_CORE
     running = min(workers, max(1.0, host.vcpus_per_gpu - 1))
     return min(running, cores) + SMT_YIELD * max(0.0, running - cores)

@@ -1,0 +1,37 @@
+"""Measurements kept in the user's cache as JSON documents: a format name, a schema number, the body and
+the body's SHA-256, so that an edited, truncated or older file reads as absent and is measured again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from advisor.atomic import write_atomically
+
+
+def checksum(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def read_document(path: Path, format_name: str, schema: int) -> dict[str, Any] | None:
+    """The body stored at `path`, or None (absent, unreadable, another format or schema, edited)."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    body = document.get("body")
+    if document.get("format") != format_name or document.get("schema") != schema \
+            or not isinstance(body, dict) or document.get("checksum") != checksum(body):
+        return None
+    return body
+
+
+def write_document(path: Path, format_name: str, schema: int, body: dict[str, Any]) -> None:
+    """Store `body` at `path` atomically (its folder made if needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps({"format": format_name, "schema": schema, "body": body,
+                                       "checksum": checksum(body)}, indent=1))
