@@ -140,3 +140,27 @@ def test_user_layer_can_add_gpus_offers_and_sources(tiny_db_dir: Path, tmp_path:
 def test_missing_electricity_default_is_reported(tiny_db_dir: Path) -> None:
     (tiny_db_dir / "prices" / "defaults.yaml").unlink()
     assert "electricity_usd_per_kwh" in _error([tiny_db_dir])
+
+
+HOST_CPU = {"id": "slow-cpu", "name": "Slow CPU", "microarchitecture": "Old", "single_thread_score": 1500,
+            "sources": ["S1"], "match": ["SLOW 1234"]}
+
+
+def test_host_cpus_and_an_offers_host_cpu(tiny_db_dir: Path) -> None:
+    write_yaml(tiny_db_dir / "host-cpus.yaml", {"host_cpus": [HOST_CPU]})
+    write_yaml(tiny_db_dir / "prices" / "cloud.yaml",
+               {"date": "2026-01-02", "offers": [{**TINY_OFFER, "host_cpu": "slow-cpu", "vcpus": 8}]})
+    db = load_directories([tiny_db_dir])
+    assert db.host_cpu("slow-cpu").single_thread_score == 1500
+    assert db.cheapest_offer("tiny-gpu").host_cpu == "slow-cpu"
+    # an offer naming a CPU the database lacks: file, entry, key and the closest id
+    write_yaml(tiny_db_dir / "prices" / "cloud.yaml",
+               {"date": "2026-01-02", "offers": [{**TINY_OFFER, "host_cpu": "slow-cpus"}]})
+    message = _error([tiny_db_dir])
+    assert "cloud.yaml" in message and "'host_cpu'" in message and "did you mean: slow-cpu" in message
+    # a score that is no number, a cpuid family of the wrong shape
+    write_yaml(tiny_db_dir / "prices" / "cloud.yaml", {"date": "2026-01-02", "offers": [dict(TINY_OFFER)]})
+    write_yaml(tiny_db_dir / "host-cpus.yaml", {"host_cpus": [{**HOST_CPU, "single_thread_score": "fast"}]})
+    assert "'single_thread_score'" in _error([tiny_db_dir])
+    write_yaml(tiny_db_dir / "host-cpus.yaml", {"host_cpus": [{**HOST_CPU, "cpuid_family": "AMD 26"}]})
+    assert "AuthenticAMD/26" in _error([tiny_db_dir])

@@ -228,3 +228,32 @@ def test_a_steady_pipeline_timing_is_stored_and_reused(tmp_path: Path, monkeypat
     pipeline_profile._MEASURED.clear()
     pipeline_profile.measure_pipeline(model)
     assert calls == [1, 1]
+
+
+def test_an_instance_thread_runs_at_its_cpus_score_against_this_machines() -> None:
+    from advisor.hardware.loader import load_hwdb
+    from advisor.pipeline import hosts
+
+    db = load_hwdb()
+    # by name, the longest match wins; by CPUID family where a VM hides the name; else unknown
+    cpu, by_name = hosts.identify(db, "Intel(R) Xeon(R) Platinum 8275CL CPU @ 3.00GHz", "GenuineIntel/6")
+    assert cpu is not None and cpu.id == "xeon-8275cl" and by_name
+    cpu, by_name = hosts.identify(db, "AMD EPYC", "AuthenticAMD/26")
+    assert cpu is not None and cpu.id == "epyc-9b45" and not by_name
+    assert hosts.identify(db, "Some CPU", None) == (None, False)
+    # an unknown instance CPU: this machine's rate
+    assert hosts.thread_speed(db, None)[0] == 1.0
+    # p4d's 8275CL (2,167) on a host whose CPU is a 9B45 (3,466): 2167 / 3466 = 0.625 of its per-thread rate
+    local = db.host_cpu("epyc-9b45")
+    hosts._this_cpu_identity.cache_clear()
+    try:
+        import unittest.mock as mock
+        with mock.patch.object(hosts, "_this_cpu_identity", return_value=("AMD EPYC 9B45", None)):
+            speed, words = hosts.thread_speed(db, "xeon-8275cl")
+    finally:
+        hosts._this_cpu_identity.cache_clear()
+    assert local is not None and speed == pytest.approx(2167 / 3466) and "0.63x" in words
+    # the supply scales with it: 7.25 thread-equivalents x 0.625
+    slow = Host("p4d", 12, False, thread_speed=speed)
+    assert profile().throughput(11, slow, 10) == pytest.approx(profile().throughput(11, Host("p4d", 12, False), 10)
+                                                               * 2167 / 3466)

@@ -39,10 +39,19 @@ def test_every_source_cited_exists_and_every_source_is_cited(db: HardwareDB) -> 
     known = {s.id for s in db.sources}
     cited = {s for gpu in db.gpus for s in gpu.sources} | {o.source for o in db.offers}
     cited |= {s for overhead in db.memory_overheads for s in overhead.sources}
+    cited |= {s for cpu in db.host_cpus for s in cpu.sources}
     cited |= {s for family in load_families(db) for s in family.sources}  # calibration/reference/
     cited.add(db.defaults.electricity_source)
     assert cited <= known
     assert known - cited == set(), "sources listed but never cited"
+
+
+def test_every_offer_host_cpu_exists(db: HardwareDB) -> None:
+    named = {o.host_cpu for o in db.offers} - {None}
+    assert named and named <= {cpu.id for cpu in db.host_cpus}
+    # the instances of the example: p4d hosts A100s on Cascade Lake Xeons
+    p4d = next(o for o in db.offers if o.instance == "p4d.24xlarge")
+    assert p4d.host_cpu == "xeon-8275cl"
 
 
 def test_unverified_figures_are_marked_with_source_x(db: HardwareDB) -> None:

@@ -476,6 +476,7 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "input_pipeline": (True, "input_pipeline", True),
     "workers": ("6", "workers", 6),
     "vcpus_per_gpu": ("12", "vcpus_per_gpu", 12.0),
+    "host_cpu": ("xeon-8275cl", "host_cpu", "xeon-8275cl"),
 }
 
 

@@ -66,6 +66,8 @@ def plan(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet, trac
     progress(f"loading {request.model or 'the resnet50 example'}")
     model = request_model(request)
     settings = request.settings(model)
+    if request.host_cpu is not None:
+        db.host_cpu_named(request.host_cpu)  # an unknown id: one sentence with the closest ones
     targets = targets_for(request, db, notify or progress, calibration_bar)  # after the cheap checks
     first, second = traces or (None, None)
     pipeline = input_pipeline(request, model, progress)

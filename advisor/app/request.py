@@ -107,6 +107,8 @@ class PlanRequest:
     """DataLoader workers per GPU; None: every vCPU of the GPU's share of its host but the training's."""
     vcpus_per_gpu: float | None = None
     """vCPUs per GPU of the host for every GPU; None: each GPU's priced instance's, else this machine's."""
+    host_cpu: str | None = None
+    """The host's CPU for every GPU (an id of hwdb/host-cpus.yaml); None: each GPU's instance's."""
 
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
@@ -123,8 +125,10 @@ class PlanRequest:
         _check_positive("vCPUs per GPU", self.vcpus_per_gpu, MAX_VCPUS_PER_GPU)
         if self.vcpus_per_gpu is not None and self.vcpus_per_gpu < 1:
             raise UserError(f"vCPUs per GPU must be at least 1, got {self.vcpus_per_gpu:g}")
-        if not self.input_pipeline and (self.workers is not None or self.vcpus_per_gpu is not None):
-            raise UserError("--workers and --vcpus-per-gpu describe the input pipeline: drop --no-input-pipeline")
+        if not self.input_pipeline and (self.workers is not None or self.vcpus_per_gpu is not None
+                                        or self.host_cpu is not None):
+            raise UserError("--workers, --vcpus-per-gpu and --host-cpu describe the input pipeline: "
+                            "drop --no-input-pipeline")
         for name, value, limit in (("epochs", self.epochs, MAX_EPOCHS), ("budget", self.budget_usd, MAX_USD),
                                    ("deadline", self.deadline_hours, MAX_HOURS),
                                    ("max card price", self.max_price_usd, MAX_USD)):
@@ -218,7 +222,7 @@ class PlanRequest:
         from advisor.estimate.plan import EstimateSettings
 
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
-                                self.assumptions(model), self.workers, self.vcpus_per_gpu)
+                                self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""

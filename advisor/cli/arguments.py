@@ -226,6 +226,9 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     feeding.add_argument("--vcpus-per-gpu", type=bounded_float(MAX_VCPUS_PER_GPU), metavar="V",
                          help="the host's vCPUs per GPU, for every GPU (default: those of the GPU's priced "
                               "cloud instance, else this machine's CPUs)")
+    feeding.add_argument("--host-cpu", metavar="ID",
+                         help="the host's CPU, for every GPU: its single-thread speed against this machine's "
+                              "scales the pipeline (default: the instance's CPU; ids in hwdb/host-cpus.yaml)")
     goals = parser.add_argument_group("goals (each adds the device that meets it best)")
     goals.add_argument("--budget-usd", type=bounded_float(MAX_USD), metavar="USD",
                        help="the fastest device whose rented job costs at most this")
@@ -253,6 +256,7 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         plans=getattr(args, "plans", "auto"),
         input_pipeline=getattr(args, "input_pipeline", None) is not False and input_pipeline_default(),
         workers=getattr(args, "workers", None), vcpus_per_gpu=getattr(args, "vcpus_per_gpu", None),
+        host_cpu=getattr(args, "host_cpu", None),
     )
 
 

@@ -14,6 +14,7 @@ from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.memory.estimate import DeviceMemory, device_memory
 from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
+from advisor.pipeline.hosts import thread_speed
 from advisor.pipeline.supply import Host, InputSupply, PipelineProfile, input_supply
 from advisor.process import collector_paused
 from advisor.estimate.ops import DTYPE_FALLBACK
@@ -170,6 +171,8 @@ class EstimateSettings:
     """DataLoader workers per GPU (None: every vCPU of the GPU's share of its host but the training's)."""
     vcpus_per_gpu: float | None = None
     """The host's vCPUs per GPU for every GPU (None: each GPU's priced instance, else this machine)."""
+    host_cpu: str | None = None
+    """The host's CPU for every GPU (a HostCPU id; None: each GPU's instance's, else as fast as this one)."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
@@ -196,6 +199,7 @@ class EstimateSettings:
             "assumptions": list(self.assumptions),
             "workers": self.workers,
             "vcpus_per_gpu": self.vcpus_per_gpu,
+            "host_cpu": self.host_cpu,
         }
 
 
@@ -348,12 +352,15 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
 def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings, local_cpus: int) -> Host:
     """Where `target`'s batches are prepared: --vcpus-per-gpu's host; this machine for a local GPU; the
     instance of the GPU's cheapest 1-GPU offer that lists its vCPUs, else of any offer that does (the
-    fewest vCPUs per GPU); else this machine (a GPU bought goes into the user's own)."""
+    fewest vCPUs per GPU), its threads as fast as its CPU's published single-thread score says against
+    this machine's (pipeline.hosts); else this machine (a GPU bought goes into the user's own)."""
+    offers = [] if target.gpu is None else [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
     if settings.vcpus_per_gpu is not None:
-        return Host(f"{settings.vcpus_per_gpu:g} vCPUs per GPU (--vcpus-per-gpu)", settings.vcpus_per_gpu, False)
+        speed, cpu = thread_speed(db, settings.host_cpu)
+        return Host(f"{settings.vcpus_per_gpu:g} vCPUs per GPU (--vcpus-per-gpu)", settings.vcpus_per_gpu, False,
+                    speed, cpu)
     if target.local or target.gpu is None:
         return Host("this machine", local_cpus, True)
-    offers = [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
     sized = [o for o in offers if o.gpus_per_instance == JOB_GPUS]
     if sized:
         offer = min(sized, key=lambda o: o.usd_per_gpu_hour)
@@ -363,7 +370,8 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
         return Host("this machine (no instance with this GPU lists its vCPUs)", local_cpus, True)
     vcpus = offer.vcpus_per_gpu
     assert vcpus is not None
-    return Host(f"{offer.provider} {offer.instance} ({vcpus:g} vCPUs per GPU)", vcpus, False)
+    speed, cpu = thread_speed(db, settings.host_cpu or offer.host_cpu)
+    return Host(f"{offer.provider} {offer.instance} ({vcpus:g} vCPUs per GPU)", vcpus, False, speed, cpu)
 
 
 def peak_flops(target: EstimateTarget, precision: str) -> float | None:

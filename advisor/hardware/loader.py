@@ -30,6 +30,7 @@ from advisor.hardware.specs import (
     CostDefaults,
     GPUSpec,
     HardwareDB,
+    HostCPU,
     MemoryOverhead,
     Override,
     PeakThroughput,
@@ -45,6 +46,7 @@ DOCUMENT_KEYS = {
     "offers",
     "sources",
     "memory_overheads",
+    "host_cpus",
     "date",
     "electricity_usd_per_kwh",
     "electricity_source",
@@ -76,10 +78,13 @@ GPU_OPTIONAL = (
     "notes",
 )
 OFFER_REQUIRED = ("gpu", "provider", "instance", "gpus_per_instance", "usd_per_gpu_hour", "region", "source")
-OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date", "vcpus", "host_memory_gb")
+OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date", "vcpus", "host_memory_gb", "host_cpu")
 SOURCE_REQUIRED = ("id", "grade", "title", "url")
 OVERHEAD_REQUIRED = ("id", "cuda_context_mib", "cublas_workspace_mib", "sources")
 OVERHEAD_OPTIONAL = ("notes",)
+HOST_CPU_REQUIRED = ("id", "name", "microarchitecture", "single_thread_score", "sources")
+HOST_CPU_OPTIONAL = ("match", "cpuid_family", "notes")
+CPUID_FAMILY = re.compile(r"^(GenuineIntel|AuthenticAMD)/[0-9]{1,3}$")
 
 VENDORS = ("nvidia", "amd", "intel", "apple", "other")
 SEGMENTS = ("geforce", "workstation", "datacenter", "laptop", "other")
@@ -108,6 +113,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "gpus_per_instance": (0, 1024),
     "vcpus": (1, 4096),
     "host_memory_gb": (0.5, 65_536),
+    "single_thread_score": (1, 1_000_000),
     "cuda_context_mib": (0, 65_536),
     "cublas_workspace_mib": (0, 65_536),
     "electricity_usd_per_kwh": (0, 10),
@@ -180,6 +186,7 @@ class _Layer:
     offers: list[tuple[Path, str, dict[str, Any]]]
     sources: list[tuple[Path, str, dict[str, Any]]]
     memory_overheads: list[tuple[Path, str, dict[str, Any]]]
+    host_cpus: list[tuple[Path, str, dict[str, Any]]]
     defaults: dict[str, tuple[Path, Any]]
     dates: dict[Path, dt.date]
 
@@ -233,10 +240,14 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
     gpus = _merge(layers, "gpus", "GPU", overrides)
     gpu_records = tuple(_build_gpu(path, label, raw, source_ids) for path, label, raw in gpus.values())
     gpu_ids = {g.id for g in gpu_records}
+    host_cpus = _merge(layers, "host_cpus", "host CPU", overrides)
+    cpu_records = tuple(_build_host_cpu(path, label, raw, source_ids) for path, label, raw in host_cpus.values())
+    cpu_ids = {cpu.id for cpu in cpu_records}
     offers = _merge(layers, "offers", "cloud offer", overrides)
     dates = {path: date for layer in layers for path, date in layer.dates.items()}
     offer_records = tuple(
-        _build_offer(path, label, raw, gpu_ids, source_ids, dates.get(path)) for path, label, raw in offers.values()
+        _build_offer(path, label, raw, gpu_ids, source_ids, dates.get(path), cpu_ids)
+        for path, label, raw in offers.values()
     )
     defaults = _build_defaults(layers, source_ids)
     overheads = _merge(layers, "memory_overheads", "memory overhead", overrides)
@@ -249,6 +260,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
         overrides=tuple(overrides),
         directories=tuple(str(d) for d in directories),
         memory_overheads=overhead_records,
+        host_cpus=cpu_records,
     )
 
 
@@ -256,7 +268,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
 
 
 def _read_layer(directory: Path) -> _Layer:
-    layer = _Layer(directory, [], [], [], [], {}, {})
+    layer = _Layer(directory, [], [], [], [], [], {}, {})
     for path in _yaml_files(directory):
         _read_document(path, layer)
     return layer
@@ -381,7 +393,7 @@ def _read_document(path: Path, layer: _Layer) -> None:
     if "date" in document:
         layer.dates[path] = _as_date(path, None, "date", document["date"])
     kinds = (("gpus", layer.gpus), ("offers", layer.offers), ("sources", layer.sources),
-             ("memory_overheads", layer.memory_overheads))
+             ("memory_overheads", layer.memory_overheads), ("host_cpus", layer.host_cpus))
     for kind, bucket in kinds:
         entries = document.get(kind)
         if entries is None:
@@ -559,6 +571,30 @@ def _build_overhead(path: Path, label: str, raw: dict[str, Any], source_ids: set
     )
 
 
+def _build_host_cpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> HostCPU:
+    _check_keys(path, label, raw, HOST_CPU_REQUIRED, HOST_CPU_OPTIONAL)
+    cpu_id = _as_str(path, label, "id", raw["id"])
+    if not ID_PATTERN.match(cpu_id):
+        raise HwdbError(path, "must be lowercase letters, digits and dashes", entry=label, key="id")
+    match = raw.get("match", [])
+    if not isinstance(match, list) or not all(isinstance(m, str) and m.strip() for m in match):
+        raise HwdbError(path, f"must be a list of model-name substrings, got {shown(match)}", entry=label, key="match")
+    family = _optional(raw, "cpuid_family", lambda v: _as_str(path, label, "cpuid_family", v))
+    if family is not None and not CPUID_FAMILY.match(family):
+        raise HwdbError(path, f"must be vendor/family such as AuthenticAMD/26, got {shown(family)}", entry=label,
+                        key="cpuid_family")
+    return HostCPU(
+        id=cpu_id,
+        name=_as_str(path, label, "name", raw["name"]),
+        microarchitecture=_as_str(path, label, "microarchitecture", raw["microarchitecture"]),
+        single_thread_score=_as_number(path, label, "single_thread_score", raw["single_thread_score"]),
+        sources=_check_sources(path, label, raw, source_ids),
+        match=tuple(match),
+        cpuid_family=family,
+        notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
+    )
+
+
 def _build_peaks(path: Path, label: str, raw: Any) -> PeakThroughput:
     if not isinstance(raw, dict) or not raw:
         raise HwdbError(path, "must map math modes to TFLOP/s, e.g. {fp32: 35.6}", entry=label, key="peak_tflops")
@@ -673,6 +709,7 @@ def _build_offer(
     gpu_ids: set[str],
     source_ids: set[str],
     file_date: dt.date | None,
+    cpu_ids: set[str],
 ) -> CloudOffer:
     _check_keys(path, label, raw, OFFER_REQUIRED, OFFER_OPTIONAL)
     gpu_id = _as_str(path, label, "gpu", raw["gpu"])
@@ -693,6 +730,10 @@ def _build_offer(
     date = _optional(raw, "date", lambda v: _as_date(path, label, "date", v)) or file_date
     if date is None:
         raise HwdbError(path, "needs a date (on the offer or at the top of the file)", entry=label, key="date")
+    host_cpu = _optional(raw, "host_cpu", lambda v: _as_str(path, label, "host_cpu", v))
+    if host_cpu is not None and host_cpu not in cpu_ids:
+        raise HwdbError(path, f"unknown host CPU {shown(host_cpu)}{_suggest(host_cpu, cpu_ids)}", entry=label,
+                        key="host_cpu")
     gpu_only = raw.get("gpu_only", False)
     if not isinstance(gpu_only, bool):
         raise HwdbError(path, f"must be true or false, got {shown(gpu_only)}", entry=label, key="gpu_only")
@@ -709,6 +750,7 @@ def _build_offer(
         date=date,
         notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
         origin=str(path),
+        host_cpu=host_cpu,
         vcpus=_optional(raw, "vcpus", lambda v: _as_int(path, label, "vcpus", v)),
         host_memory_gb=_optional(raw, "host_memory_gb", lambda v: _as_number(path, label, "host_memory_gb", v)),
     )

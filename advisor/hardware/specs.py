@@ -153,6 +153,8 @@ class CloudOffer:
     date: dt.date
     notes: str | None
     origin: str
+    host_cpu: str | None = None
+    """The instance's CPU (a HostCPU id), where documented."""
     vcpus: int | None = None
     """The whole instance's vCPUs (hardware threads), where the source lists them; None for a GPU sold
     alone (the host VM is chosen separately)."""
@@ -185,6 +187,7 @@ class CloudOffer:
             "notes": self.notes,
             "vcpus": self.vcpus,
             "host_memory_gb": self.host_memory_gb,
+            "host_cpu": self.host_cpu,
         }
 
 
@@ -223,6 +226,27 @@ class CostDefaults:
 
 
 @dataclass(frozen=True)
+class HostCPU:
+    """A CPU that hosts GPUs (a cloud instance's, or this machine's), with its single-thread speed as a
+    published score (the higher, the faster; only ratios between entries are used)."""
+
+    id: str
+    name: str
+    microarchitecture: str
+    single_thread_score: float
+    sources: tuple[str, ...]
+    match: tuple[str, ...] = ()
+    """Substrings of a CPU model name (/proc/cpuinfo, lscpu) that identify this CPU on this machine."""
+    cpuid_family: str | None = None
+    """"vendor/family" (AuthenticAMD/26) that identifies its microarchitecture where a virtual machine
+    hides the model name ("AMD EPYC"): a stand-in for that generation."""
+    notes: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class MemoryOverhead:
     """Device memory a training process needs beyond its tensors on one GPU architecture, bytes:
     the CUDA context (outside torch's allocator) and the cuBLAS workspace (inside it)."""
@@ -248,6 +272,7 @@ class HardwareDB:
     overrides: tuple[Override, ...] = ()
     directories: tuple[str, ...] = ()
     memory_overheads: tuple[MemoryOverhead, ...] = ()
+    host_cpus: tuple[HostCPU, ...] = ()
     _by_id: dict[str, GPUSpec] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -256,6 +281,21 @@ class HardwareDB:
 
     def ids(self) -> list[str]:
         return [gpu.id for gpu in self.gpus]
+
+    def host_cpu(self, cpu_id: str | None) -> HostCPU | None:
+        """The host CPU `cpu_id` (an offer's host_cpu), or None."""
+        return next((cpu for cpu in self.host_cpus if cpu.id == cpu_id), None)
+
+    def host_cpu_named(self, cpu_id: str) -> HostCPU:
+        """The host CPU `cpu_id`; a UserError with the closest ids when there is none."""
+        from advisor.errors import UserError, did_you_mean
+
+        found = self.host_cpu(cpu_id)
+        if found is None:
+            ids = [cpu.id for cpu in self.host_cpus]
+            raise UserError(f"unknown host CPU '{cpu_id}'{did_you_mean(cpu_id, ids)}; the ids are those of "
+                            "hwdb/host-cpus.yaml")
+        return found
 
     def memory_overhead(self, gpu: GPUSpec) -> MemoryOverhead:
         """The memory overhead of `gpu`'s architecture, or the `default` entry."""

@@ -8,9 +8,9 @@ here: measure.py), plus the DataLoader's own cost per batch and per byte moved t
   (machine.LoaderMechanics.scaling), flat past its CPU count;
 - on a cloud instance, whose vCPUs are hardware threads, two per physical core (AWS, Google Cloud and
   Azure document their GPU instances' vCPUs so): the training process keeps one vCPU, the workers share
-  the rest; the first thread of each core runs at full rate, a second thread on a core adds SMT_YIELD.
-  Their single-thread speed is taken to be this machine's (said in the output: the instance's CPU
-  model is not in the database).
+  the rest; the first thread of each core runs at full rate, a second thread on a core adds SMT_YIELD;
+  each thread at `thread_speed` of this machine's (hosts.thread_speed: the instance's CPU against this
+  one by published single-thread scores; 1.0 where either is unknown).
 """
 
 from __future__ import annotations
@@ -40,10 +40,15 @@ class Host:
     name: str
     vcpus_per_gpu: float
     local: bool
-    """True: the measured machine itself (its measured yield applies)."""
+    """True: the measured machine itself (its measured scaling applies)."""
+    thread_speed: float = 1.0
+    """One of its threads against one of this machine's (1.0: as fast, or unknown)."""
+    cpu: str = ""
+    """Its CPU and speed in a few words (empty: this machine)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "vcpus_per_gpu": self.vcpus_per_gpu, "local": self.local}
+        return {"name": self.name, "vcpus_per_gpu": self.vcpus_per_gpu, "local": self.local,
+                "thread_speed": self.thread_speed, "cpu": self.cpu}
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,9 @@ class PipelineProfile:
     def throughput(self, workers: int, host: Host, batch: int) -> float:
         """Samples per second `workers` DataLoader workers deliver on `host` (0: the main process alone)."""
         if workers == 0:
-            return 1.0 / (self.timing.sample_s + self.timing.collate_s)
-        return effective_workers(workers, host, self.mechanics) * batch / self.batch_cycle_s(batch)
+            return host.thread_speed / (self.timing.sample_s + self.timing.collate_s)
+        return effective_workers(workers, host, self.mechanics) * host.thread_speed * batch \
+            / self.batch_cycle_s(batch)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "describe": self.describe, "timing": self.timing.to_dict(),

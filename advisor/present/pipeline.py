@@ -64,5 +64,6 @@ def describe_supply(result: DeviceEstimate, unit: str) -> str:
         text += (f"; {needed} workers would keep up" if needed is not None and needed > supply.workers else
                  "; not even a worker on every vCPU would keep up")
     elif supply.workers_needed is not None:
-        text += f" ({supply.workers_needed} are enough)"
+        needed = supply.workers_needed
+        text += f" ({needed} {'is' if needed == 1 else 'are'} enough)"
     return text

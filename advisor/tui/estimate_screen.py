@@ -176,6 +176,8 @@ class EstimateScreen(Screen):
                 yield Label("Host vCPUs per GPU")
                 yield Input(_text(request.vcpus_per_gpu), placeholder="the instance's", type="number",
                             id="vcpus_per_gpu")
+                yield Label("Host CPU")
+                yield Input(request.host_cpu or "", placeholder="the instance's (e.g. xeon-8275cl)", id="host_cpu")
                 yield Label("Fit advisor")
                 yield Select([(mode, mode) for mode in PLAN_MODES], value=request.plans, allow_blank=False,
                              id="plans_mode")
@@ -257,6 +259,7 @@ class EstimateScreen(Screen):
             input_pipeline=self.query_one("#input_pipeline", Switch).value,
             workers=parse_number(value("workers"), int, "workers"),
             vcpus_per_gpu=parse_number(value("vcpus_per_gpu"), float, "vCPUs per GPU"),
+            host_cpu=value("host_cpu").strip() or None,
         )
 
     @on(Input.Submitted)
