@@ -41,12 +41,13 @@ def test_workers_side_by_side() -> None:
     assert effective_workers(2, LOCAL, MECHANICS) == pytest.approx(1.6)
     assert effective_workers(3, LOCAL, MECHANICS) == pytest.approx(1.6)
     assert MECHANICS.second_worker_yield == pytest.approx(0.6)
-    # 12 vCPUs per GPU = 6 cores; 11 workers: 6 + 0.25 x (11 - 6) = 7.25
+    # 12 vCPUs per GPU = 6 cores; 11 workers + the training process = 12 threads:
+    # (6 + 0.25 x (12 - 6)) x 11 / 12 = 6.875
     cloud = Host("p4d", 12, False)
-    assert effective_workers(11, cloud, MECHANICS) == pytest.approx(7.25)
+    assert effective_workers(11, cloud, MECHANICS) == pytest.approx(6.875)
     # 4 workers on 6 cores: 4; the training process keeps one vCPU: at most 11 run
     assert effective_workers(4, cloud, MECHANICS) == pytest.approx(4)
-    assert effective_workers(20, cloud, MECHANICS) == pytest.approx(7.25)
+    assert effective_workers(20, cloud, MECHANICS) == pytest.approx(6.875)
     assert usable_workers(cloud) == 11 and usable_workers(LOCAL) == 2 and usable_workers(Host("x", 1, False)) == 1
 
 
@@ -69,14 +70,14 @@ def test_supply_against_demand() -> None:
     cloud = Host("p4d", 12, False)
     one = profile().throughput(1, cloud, 10)  # 370.4/s per worker alone
     supply = input_supply(profile(), cloud, 10, demand_samples_per_s=1000.0)
-    # 2 workers 740.7/s, 3 workers 1,111/s: 3 keep up; 11 workers give 7.25 x 370.4 = 2,685/s
+    # 2 workers 740.7/s, 3 workers 1,111/s: 3 keep up; 11 workers give 6.875 x 370.4 = 2,546/s
     assert supply.workers == 11 and supply.workers_needed == 3
-    assert supply.supply_samples_per_s == pytest.approx(7.25 * one)
+    assert supply.supply_samples_per_s == pytest.approx(6.875 * one)
     assert not supply.limits and supply.stall_fraction == 0
     starved = input_supply(profile(), cloud, 10, demand_samples_per_s=4000.0)
-    # 2,685 of 4,000: the GPU waits 1 - 2685/4000 = 32.9% of the time; no worker count keeps up
+    # 2,546 of 4,000: the GPU waits 1 - 2546/4000 = 36.3% of the time; no worker count keeps up
     assert starved.limits and starved.workers_needed is None
-    assert starved.stall_fraction == pytest.approx(1 - 7.25 * one / 4000)
+    assert starved.stall_fraction == pytest.approx(1 - 6.875 * one / 4000)
     assert set(starved.to_dict()) >= {"supply_samples_per_s", "demand_samples_per_s", "workers_needed",
                                       "vcpus_per_gpu", "stall_fraction"}
 
@@ -253,7 +254,7 @@ def test_an_instance_thread_runs_at_its_cpus_score_against_this_machines() -> No
     finally:
         hosts._this_cpu_identity.cache_clear()
     assert local is not None and speed == pytest.approx(2167 / 3466) and "0.63x" in words
-    # the supply scales with it: 7.25 thread-equivalents x 0.625
+    # the supply scales with it: 6.875 thread-equivalents x 0.625
     slow = Host("p4d", 12, False, thread_speed=speed)
     assert profile().throughput(11, slow, 10) == pytest.approx(profile().throughput(11, Host("p4d", 12, False), 10)
                                                                * 2167 / 3466)

@@ -7,7 +7,7 @@ one thread in this process (measure.measure_samples) and through the real DataLo
 - with one worker and three sample sizes, the DataLoader's own cost per batch beyond the samples and
   their collation: a fixed part (index lists and the batch through the worker's queue) and a part per
   byte (the batch built in shared memory by the worker and mapped by the main process), fitted by
-  non-negative least squares (scipy.optimize.nnls) over the sizes' median runs;
+  non-negative least squares (scipy.optimize.nnls) over the sizes' fastest runs;
 - with 1, 2, 4, ... workers up to the CPUs this process may use (at most MAX_MEASURED_WORKERS), how
   throughput scales: the Universal Scalability Law X(N) = X(1) N / (1 + a (N - 1) + b N (N - 1)),
   contention a and coherency b fitted by scipy.optimize.curve_fit (b only from three or more worker
@@ -202,15 +202,16 @@ def worker_counts(cpus: int) -> tuple[int, ...]:
 
 def _fit_costs(spreads: list[float]) -> tuple[float, float]:
     """(seconds per batch, seconds per byte) beyond one thread's samples and collation, by non-negative
-    least squares over the median one-worker run at each sample size."""
+    least squares over the fastest one-worker run at each sample size less the fastest round of the
+    samples on one thread (what other programs add is noise, never a cost of the mechanism)."""
     rows, extras = [], []
     for size in SIZES:
         timing = measure_samples(Synthetic(size), BATCH)
-        own = BATCH * (timing.sample_s + timing.collate_s)
+        own = BATCH * (min(timing.rounds_s) + timing.collate_s)
         runs = [loader_throughput(Synthetic(size), BATCH, 1, BATCHES) for _ in range(REPEATS)]
         spreads.append(_spread(runs))
         rows.append([1.0, BATCH * size])
-        extras.append(BATCH / statistics.median(runs) - own)
+        extras.append(BATCH / max(runs) - own)
     (batch_s, byte_s), _ = nnls(numpy.array(rows), numpy.array(extras))
     return float(batch_s), float(byte_s)
 

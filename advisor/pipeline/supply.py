@@ -7,8 +7,10 @@ here: measure.py), plus the DataLoader's own cost per batch and per byte moved t
 - on this machine, as measured: the scaling law fitted to its DataLoader at 1, 2, 4, ... workers
   (machine.LoaderMechanics.scaling), flat past its CPU count;
 - on a cloud instance, whose vCPUs are hardware threads, two per physical core (AWS, Google Cloud and
-  Azure document their GPU instances' vCPUs so): the training process keeps one vCPU, the workers share
-  the rest; the first thread of each core runs at full rate, a second thread on a core adds SMT_YIELD;
+  Azure document their GPU instances' vCPUs so): the training process keeps one vCPU busy (kernel
+  launches, the pin-memory thread, receiving batches), the workers share the rest; the first thread of
+  each core runs at full rate, a second thread on a core adds SMT_YIELD, and every busy thread gets its
+  share of that;
   each thread at `thread_speed` of this machine's (hosts.thread_speed: the instance's CPU against this
   one by published single-thread scores; 1.0 where either is unknown).
 """
@@ -90,13 +92,16 @@ def effective_workers(workers: int, host: Host, mechanics: LoaderMechanics) -> f
     """Workers' combined rate in units of one worker alone on a free core.
 
     # this machine, 2 CPUs, contention a = 0.081 (a second worker at +85%): 3 workers -> 2 / 1.081 = 1.85
-    # 12 vCPUs per GPU (6 cores), 11 workers: 6 + 0.25 * (11 - 6) = 7.25
+    # 12 vCPUs per GPU (6 cores), 11 workers and the training process on 12 threads:
+    # (6 + 0.25 * (12 - 6)) * 11 / 12 = 6.875; 4 workers: 5 threads on 6 cores, 5 * 4 / 5 = 4
     """
     if host.local:
         return mechanics.scaling(workers)
     cores = host.vcpus_per_gpu / THREADS_PER_CORE
     running = min(workers, max(1.0, host.vcpus_per_gpu - 1))
-    return min(running, cores) + SMT_YIELD * max(0.0, running - cores)
+    threads = running + 1  # the training process keeps a hardware thread busy beside them
+    capacity = min(threads, cores) + SMT_YIELD * max(0.0, threads - cores)
+    return capacity * running / threads
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,8 @@ class InputSupply:
         return {"supply_samples_per_s": self.supply_samples_per_s,
                 "demand_samples_per_s": self.demand_samples_per_s, "workers_needed": self.workers_needed,
                 "vcpus_per_gpu": self.host.vcpus_per_gpu, "stall_fraction": self.stall_fraction,
-                "workers": self.workers, "host": self.host.name, "limits": self.limits}
+                "workers": self.workers, "host": self.host.name, "host_cpu": self.host.cpu,
+                "thread_speed": self.host.thread_speed, "limits": self.limits}
 
 
 def input_supply(profile: PipelineProfile, host: Host, batch: int, demand_samples_per_s: float,

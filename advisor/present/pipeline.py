@@ -34,6 +34,17 @@ def pipeline_line(estimate: Estimate) -> str | None:
             f"{pipeline.mechanics.note}" + ("" if pipeline.mechanics.stored else " (noisy: not stored)"))
 
 
+NARROW_MARGIN = 0.10
+"""Supply above demand by less than this (a fraction of demand) is said to keep up only narrowly: the
+pipeline's prediction is within about 15% on this machine (benchmarks/input_pipeline.py)."""
+
+
+def _margin(result: DeviceEstimate) -> float:
+    supply = result.input_supply
+    assert supply is not None
+    return supply.supply_samples_per_s / supply.demand_samples_per_s - 1
+
+
 def supply_line(estimate: Estimate) -> str | None:
     """Whether the GPUs' hosts keep them fed: the input-bound GPUs and by how much, or that none is."""
     assessed = [r for r in estimate.results if r.fits and r.input_supply is not None]
@@ -42,6 +53,10 @@ def supply_line(estimate: Estimate) -> str | None:
     unit = estimate.model.sample_unit
     limited = [r for r in assessed if r.input_supply is not None and r.input_supply.limits]
     if not limited:
+        closest = min(assessed, key=_margin)
+        if _margin(closest) < NARROW_MARGIN:
+            return (f"Input keeps up on every GPU, narrowly on {closest.id}: {describe_supply(closest, unit)}, "
+                    f"{_margin(closest):.0%} to spare (within the model's error: it may wait for its batches)")
         fastest = max(assessed, key=lambda r: r.throughput)
         return f"Input keeps up on every GPU: {describe_supply(fastest, unit)}"
     worst = max(limited, key=lambda r: r.input_supply.stall_fraction if r.input_supply else 0.0)
@@ -56,7 +71,8 @@ def describe_supply(result: DeviceEstimate, unit: str) -> str:
     with 23 workers: waits 64% of each step; needs more than 23 workers" and the like."""
     supply = result.input_supply
     assert supply is not None
-    text = (f"{result.id} on {supply.host.name} supplies {supply.supply_samples_per_s:,.0f} of the "
+    cpu = f" ({supply.host.cpu})" if supply.host.cpu else ""
+    text = (f"{result.id} on {supply.host.name}{cpu} supplies {supply.supply_samples_per_s:,.0f} of the "
             f"{supply.demand_samples_per_s:,.0f} {unit}/s it consumes with {supply.workers} DataLoader workers")
     if supply.limits:
         text += f": the GPU waits {supply.stall_fraction:.0%} of each step"
