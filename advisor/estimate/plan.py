@@ -213,10 +213,10 @@ class Estimate:
     results: tuple[DeviceEstimate, ...]
     electricity_usd_per_kwh: float
     second: StepTrace | None = field(default=None, repr=False, compare=False)
-    pipeline: PipelineProfile | None = field(default=None, repr=False, compare=False)
-    """The input pipeline as measured on this machine (None: not assessed)."""
     """The step traced at twice the batch (the memory line's second point): with `trace`, what a new
     estimate of the same step on other devices, prices or job can reuse."""
+    pipeline: PipelineProfile | None = field(default=None, repr=False, compare=False)
+    """The input pipeline as measured on this machine (None: not assessed)."""
 
     @property
     def fitting(self) -> list[DeviceEstimate]:
@@ -354,13 +354,13 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
     instance of the GPU's cheapest 1-GPU offer that lists its vCPUs, else of any offer that does (the
     fewest vCPUs per GPU), its threads as fast as its CPU's published single-thread score says against
     this machine's (pipeline.hosts); else this machine (a GPU bought goes into the user's own)."""
-    offers = [] if target.gpu is None else [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
     if settings.vcpus_per_gpu is not None:
         speed, cpu = thread_speed(db, settings.host_cpu)
         return Host(f"{settings.vcpus_per_gpu:g} vCPUs per GPU (--vcpus-per-gpu)", settings.vcpus_per_gpu, False,
                     speed, cpu)
     if target.local or target.gpu is None:
         return Host("this machine", local_cpus, True)
+    offers = [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
     sized = [o for o in offers if o.gpus_per_instance == JOB_GPUS]
     if sized:
         offer = min(sized, key=lambda o: o.usd_per_gpu_hour)

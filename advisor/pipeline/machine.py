@@ -26,6 +26,7 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ import torch
 from scipy.optimize import curve_fit, nnls
 
 from advisor.calibration.contention import cpu_snapshot
-from advisor.pipeline.measure import loader_throughput, measure_samples
+from advisor.pipeline.measure import loader_throughput, measure_samples, spread
 from advisor.pipeline.stored import read_document, write_document
 from advisor.probe.cpu import probe_cpu
 
@@ -155,11 +156,13 @@ def store(cache: Path, mechanics: LoaderMechanics) -> None:
     write_document(_path(cache), FORMAT, SCHEMA, body)
 
 
-def mechanics(cache: Path) -> LoaderMechanics:
-    """This machine's mechanics: stored ones, else measured now (a few seconds) and stored if steady."""
+def mechanics(cache: Path, progress: Callable[[str], None] = lambda message: None) -> LoaderMechanics:
+    """This machine's mechanics: stored ones, else measured now (a few seconds; `progress` hears it) and
+    stored if steady."""
     known = load(cache)
     if known is not None:
         return known
+    progress("timing this machine's DataLoader on a synthetic pipeline (once: it is stored)")
     measured = measure_mechanics()
     if measured.stored:
         store(cache, measured)
@@ -176,7 +179,7 @@ def measure_mechanics() -> LoaderMechanics:
     rates = {}
     for workers in counts:
         runs = [loader_throughput(Synthetic(SIZES[0]), BATCH, workers, BATCHES) for _ in range(REPEATS)]
-        spreads.append(_spread(runs))
+        spreads.append(spread(runs))
         rates[workers] = statistics.median(runs)
     contention, coherency = fit_scaling({n: rate / rates[1] for n, rate in rates.items()})
     busy = others_cores(before, (cpu_snapshot(), _children_cpu_s()))
@@ -209,7 +212,7 @@ def _fit_costs(spreads: list[float]) -> tuple[float, float]:
         timing = measure_samples(Synthetic(size), BATCH)
         own = BATCH * (min(timing.rounds_s) + timing.collate_s)
         runs = [loader_throughput(Synthetic(size), BATCH, 1, BATCHES) for _ in range(REPEATS)]
-        spreads.append(_spread(runs))
+        spreads.append(spread(runs))
         rows.append([1.0, BATCH * size])
         extras.append(BATCH / max(runs) - own)
     (batch_s, byte_s), _ = nnls(numpy.array(rows), numpy.array(extras))
@@ -233,10 +236,6 @@ def fit_scaling(relative: dict[int, float]) -> tuple[float, float]:
         return float(a), 0.0
     (a, b), _ = curve_fit(usl, x, y, p0=[0.05, 0.0], bounds=([0.0, 0.0], [1.0, 1.0]))
     return float(a), float(b)
-
-
-def _spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / statistics.median(values)
 
 
 def _children_cpu_s() -> float:

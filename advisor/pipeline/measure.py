@@ -13,7 +13,7 @@ import contextlib
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +45,17 @@ class SampleTiming:
 
     @property
     def spread(self) -> float:
-        """(slowest - fastest) / median of the rounds."""
-        return (max(self.rounds_s) - min(self.rounds_s)) / statistics.median(self.rounds_s)
+        """How much the rounds differ (see spread())."""
+        return spread(self.rounds_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {"sample_s": self.sample_s, "collate_s": self.collate_s, "batch": self.batch,
                 "sample_bytes": self.sample_bytes, "rounds_s": list(self.rounds_s)}
+
+
+def spread(values: Sequence[float]) -> float:
+    """(slowest - fastest) / median of repeated measurements of one thing."""
+    return (max(values) - min(values)) / statistics.median(values)
 
 
 @contextlib.contextmanager

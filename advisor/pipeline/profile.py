@@ -14,7 +14,7 @@ from pathlib import Path
 
 from advisor.paths import user_cache_dir
 from advisor.pipeline.datasets import pipeline_for
-from advisor.pipeline.machine import fingerprint, load, mechanics
+from advisor.pipeline.machine import fingerprint, mechanics
 from advisor.pipeline.measure import SampleTiming, measure_samples
 from advisor.pipeline.stored import read_document, write_document
 from advisor.pipeline.supply import PipelineProfile
@@ -56,10 +56,7 @@ def measure_pipeline(model: ModelFile, progress: Callable[[str], None] = lambda 
         if stored_at is not None and timing.spread <= MAX_STORED_SPREAD:
             write_document(stored_at, FORMAT, SCHEMA, {"measured_at": time.time(), "kind": pipeline.kind,
                                                        "timing": timing.to_dict()})
-    loader = load(cache)
-    if loader is None:
-        progress("timing this machine's DataLoader on a synthetic pipeline (once: it is stored)")
-        loader = mechanics(cache)
+    loader = mechanics(cache, progress)
     measured = PipelineProfile(pipeline.kind, pipeline.describe, timing, loader, pipeline.read_bytes_per_sample)
     _MEASURED[key] = measured
     return measured

@@ -45,13 +45,18 @@ def _margin(result: DeviceEstimate) -> float:
     return supply.supply_samples_per_s / supply.demand_samples_per_s - 1
 
 
+def input_bound(estimate: Estimate) -> list[DeviceEstimate]:
+    """The GPUs that fit but wait for their input pipeline."""
+    return [r for r in estimate.fitting if r.input_supply is not None and r.input_supply.limits]
+
+
 def supply_line(estimate: Estimate) -> str | None:
     """Whether the GPUs' hosts keep them fed: the input-bound GPUs and by how much, or that none is."""
-    assessed = [r for r in estimate.results if r.fits and r.input_supply is not None]
+    assessed = [r for r in estimate.fitting if r.input_supply is not None]
     if not assessed:
         return None
     unit = estimate.model.sample_unit
-    limited = [r for r in assessed if r.input_supply is not None and r.input_supply.limits]
+    limited = input_bound(estimate)
     if not limited:
         closest = min(assessed, key=_margin)
         if _margin(closest) < NARROW_MARGIN:

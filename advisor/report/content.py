@@ -17,7 +17,7 @@ import yaml
 
 from advisor import __version__, units
 from advisor.present.format import describe_params, duration, money, percent, plan_duration, si
-from advisor.present.pipeline import pipeline_line, supply_line
+from advisor.present.pipeline import input_bound, pipeline_line, supply_line
 from advisor.present.plans import SEARCHED, plan_line, plan_outcome, plans_title
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB, Source
@@ -201,7 +201,7 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         found.append(Recommendation(title, best.id, f"{money(best.job_cost_usd(spot))} USD ({kind}), done in "
                                     f"{plan_duration(best.time_to_train_s)}") if best is not None
                      else Recommendation(title, "no device", "no rentable device finishes the job by the deadline"))
-    limited = [r for r in estimate.fitting if r.input_supply is not None and r.input_supply.limits]
+    limited = input_bound(estimate)
     if limited:
         found.append(Recommendation("Input pipeline limits", f"{len(limited)} GPUs", supply_line(estimate) or ""))
     if not estimate.fitting and plans:

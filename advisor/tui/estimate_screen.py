@@ -31,6 +31,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from advisor import units
 from advisor.present.ranking import SORT_KEYS, sort_results
 from advisor.present.format import duration, money, plan_duration
+from advisor.present.pipeline import input_bound
 from advisor.errors import UserError
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB
@@ -459,7 +460,7 @@ class EstimateScreen(Screen):
         if request.max_price_usd is not None:
             best = estimate.fastest_to_buy_within(request.max_price_usd)
             text.append(f" · to buy within {money(request.max_price_usd)} USD: {best.id if best else 'no card'}")
-        limited = [r for r in estimate.fitting if r.input_supply is not None and r.input_supply.limits]
+        limited = input_bound(estimate)
         if limited:
             text.append(f"\nthe input pipeline cannot keep {len(limited)} of {len(estimate.fitting)} GPUs fed "
                         "(Bound: input; Detail says by how much)", style="yellow")
