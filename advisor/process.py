@@ -57,6 +57,22 @@ def terminate_on_sigterm(prog: str = "advisor") -> None:
     sys.unraisablehook = _leave_when_swallowed(sys.unraisablehook, prog)
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back inside this thread and delivered on leaving, where their exceptions
+    unwind as usual. For imports of native extensions whose module initialisation calls back into Python
+    (triton's nanobind enums, imported by torch._dynamo on the newest torch): an exception raised there by
+    our handlers cannot cross the C++ frames, and the process aborts (SIGABRT) instead of leaving cleanly."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: nothing to hold back with
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _leave_when_swallowed(previous: Any, prog: str) -> Any:
     """An unraisable hook: a signal's exception raised while CPython runs a weakref callback or `__del__`
     (the import system's module-lock callbacks, run by any garbage collection) cannot propagate; CPython

@@ -222,6 +222,28 @@ def test_no_process_outlives_advisor(tmp_path: Path, signum: int, code: int, lin
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_a_signal_during_a_native_import_waits_for_its_end() -> None:
+    """SIGTERM inside signals_deferred() (where triton's nanobind module init once turned it into an
+    abort, exit -6, in this file's signal test) is raised as Terminated right after the block."""
+    script = """
+import os, signal, time
+from advisor.process import Terminated, signals_deferred, terminate_on_sigterm
+terminate_on_sigterm()
+try:
+    with signals_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("the block ran to its end")
+    print("not reached")
+except Terminated:
+    print("Terminated after it")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["the block ran to its end", "Terminated after it"])
+
+
 @pytest.mark.parametrize("exception, code, line", [("KeyboardInterrupt", 130, "advisor: interrupted"),
                                                     ("Terminated", 143, "advisor: terminated")])
 def test_a_signal_swallowed_by_a_weakref_callback_still_ends_the_process(exception: str, code: int,

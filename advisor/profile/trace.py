@@ -16,6 +16,7 @@ from one seed, so a model that reads them (layerdrop, SpecAugment) traces the sa
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -36,7 +37,7 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from advisor.errors import UserError
-from advisor.process import collector_paused
+from advisor.process import collector_paused, signals_deferred
 from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISION_TABLE, PRECISIONS, precision_of
 from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
@@ -611,6 +612,8 @@ def trace_training_step(
                    adaptation=adaptation or Adaptation(), dedupe=dedupe)
     if optimizer == FILE_OPTIMIZER and build_optimizer is None:
         raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
+    with signals_deferred():  # FakeTensorMode imports it on first use; native modules inside
+        importlib.import_module("torch._dynamo")
     with collector_paused():
         try:
             return _trace_with_either_inputs(setup)
