@@ -125,7 +125,9 @@ def cloud_case() -> list[str]:
         verdict = (f"input-bound: the GPU waits {supply.stall_fraction:.0%} of each step" if supply.limits
                    else "no stall")
         lines.append(f"  {name:<38} {gpu:<15} demand {supply.demand_samples_per_s:>9,.0f}/s  supply "
-                     f"{supply.supply_samples_per_s:>9,.0f}/s with {supply.workers} workers: {verdict}")
+                     f"{supply.supply_samples_per_s:>9,.0f}/s with {supply.workers} workers: {verdict}; "
+                     f"batch copy {supply.feed.copy_s * 1e3:.1f} ms of the {supply.gpu_step_s * 1e3:.0f} ms step "
+                     f"({supply.feed.link})")
     lines.append(f"  (host threads: {supply.host.cpu})")
     return lines
 

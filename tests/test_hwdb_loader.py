@@ -164,3 +164,28 @@ def test_host_cpus_and_an_offers_host_cpu(tiny_db_dir: Path) -> None:
     assert "'single_thread_score'" in _error([tiny_db_dir])
     write_yaml(tiny_db_dir / "host-cpus.yaml", {"host_cpus": [{**HOST_CPU, "cpuid_family": "AMD 26"}]})
     assert "AuthenticAMD/26" in _error([tiny_db_dir])
+
+
+LINK = {"id": "pcie-4", "pcie_gen": 4, "lanes": 16, "host_to_device_gbps": 25.9, "sources": ["S1"]}
+
+
+def test_host_links_and_a_gpus_named_link(tiny_db_dir: Path) -> None:
+    write_yaml(tiny_db_dir / "host-links.yaml", {"host_links": [LINK, {"id": "c2c", "host_to_device_gbps": 346,
+                                                                       "sources": ["S1"]}]})
+    db = load_directories([tiny_db_dir])
+    # 25.9 GB/s = 25.9e9 bytes/s over 16 lanes
+    assert db.host_links[0].host_to_device_bytes_per_s == 25.9e9 and db.host_links[0].lanes == 16
+    assert db.host_links[1].pcie_gen is None and db.host_links[1].lanes is None
+    gpus = tiny_db_dir / "gpus" / "tiny.yaml"
+    write_yaml(gpus, {"gpus": [{**TINY_GPU, "host_link": "c2c"}]})
+    assert load_directories([tiny_db_dir]).gpu("tiny-gpu").host_link == "c2c"
+    # a link the database lacks: file, entry, key and the closest id
+    write_yaml(gpus, {"gpus": [{**TINY_GPU, "host_link": "c2d"}]})
+    message = _error([tiny_db_dir])
+    assert "tiny.yaml" in message and "'host_link'" in message and "did you mean: c2c" in message
+    # a PCIe link gives its generation and lanes together; a rate in TB/s is a unit mistake
+    write_yaml(gpus, {"gpus": [dict(TINY_GPU)]})
+    write_yaml(tiny_db_dir / "host-links.yaml", {"host_links": [{**LINK, "lanes": None}]})
+    assert "both pcie_gen and lanes" in _error([tiny_db_dir])
+    write_yaml(tiny_db_dir / "host-links.yaml", {"host_links": [{**LINK, "host_to_device_gbps": 0.0259}]})
+    assert "'host_to_device_gbps'" in _error([tiny_db_dir])

@@ -12,11 +12,16 @@ import torch
 
 from advisor.cli.main import main
 from advisor.errors import UserError
+from advisor.hardware.loader import load_hwdb
+from advisor.hardware.specs import HardwareDB
 from advisor.pipeline import machine
 from advisor.pipeline.datasets import InMemory, JPEGFolder, TokenFile, pipeline_for
 from advisor.pipeline.machine import LoaderMechanics
 from advisor.pipeline.measure import SampleTiming, loader_throughput, measure_samples
-from advisor.pipeline.supply import Host, PipelineProfile, effective_workers, input_supply, usable_workers
+from advisor.pipeline.links import host_link_rate
+from advisor.pipeline.storage import StorageRate, block_for, storage_rate
+from advisor.pipeline.supply import (Feed, Host, PipelineProfile, effective_workers, input_supply, storage_share,
+                                     usable_workers)
 
 MECHANICS = LoaderMechanics(batch_s=1e-3, byte_s=1e-9, contention=0.25, coherency=0.0, cpus=2,
                             measured_workers=(1, 2), stored=True, note="test")
@@ -26,6 +31,18 @@ LOCAL = Host("this machine", 2, True)
 def profile(sample_s: float = 2e-3, collate_s: float = 0.5e-3, sample_bytes: float = 1e5) -> PipelineProfile:
     timing = SampleTiming(sample_s, collate_s, 10, sample_bytes, (sample_s,) * 5)
     return PipelineProfile("file", "test pipeline", timing, MECHANICS)
+
+
+@pytest.fixture(scope="module")
+def db() -> HardwareDB:
+    return load_hwdb(include_user_layers=False)
+
+
+def fixed_rate(samples_per_s: float) -> PipelineProfile:
+    """A pipeline whose one worker on LOCAL delivers `samples_per_s` (no DataLoader costs, one CPU)."""
+    mechanics = LoaderMechanics(0.0, 0.0, 0.0, 0.0, 1, (1,), True, "test")
+    timing = SampleTiming(1 / samples_per_s, 0.0, 10, 0.0, (1 / samples_per_s,) * 5)
+    return PipelineProfile("file", "fixed", timing, mechanics)
 
 
 def test_one_worker_prepares_a_batch_in_its_samples_collation_and_transfer() -> None:
@@ -69,17 +86,89 @@ def test_scaling_law_fitted_over_worker_counts() -> None:
 def test_supply_against_demand() -> None:
     cloud = Host("p4d", 12, False)
     one = profile().throughput(1, cloud, 10)  # 370.4/s per worker alone
-    supply = input_supply(profile(), cloud, 10, demand_samples_per_s=1000.0)
+    supply = input_supply(profile(), cloud, 10, 10, gpu_step_s=0.01)  # 10 samples per 10 ms: 1,000/s
     # 2 workers 740.7/s, 3 workers 1,111/s: 3 keep up; 11 workers give 6.875 x 370.4 = 2,546/s
     assert supply.workers == 11 and supply.workers_needed == 3
     assert supply.supply_samples_per_s == pytest.approx(6.875 * one)
     assert not supply.limits and supply.stall_fraction == 0
-    starved = input_supply(profile(), cloud, 10, demand_samples_per_s=4000.0)
+    starved = input_supply(profile(), cloud, 10, 10, gpu_step_s=0.0025)  # 4,000/s
     # 2,546 of 4,000: the GPU waits 1 - 2546/4000 = 36.3% of the time; no worker count keeps up
     assert starved.limits and starved.workers_needed is None
     assert starved.stall_fraction == pytest.approx(1 - 6.875 * one / 4000)
     assert set(starved.to_dict()) >= {"supply_samples_per_s", "demand_samples_per_s", "workers_needed",
                                       "vcpus_per_gpu", "stall_fraction"}
+
+
+def test_storage_limits_the_epochs_it_serves() -> None:
+    # CPU side 1,000/s (a 10-sample batch in 10 ms), storage 500/s, a GPU step of 5 ms per 10 samples (2,000/s)
+    feed = Feed(storage_samples_per_s=500.0, storage_share=0.25, read_bytes_per_sample=1e5)
+    supply = input_supply(fixed_rate(1000.0), LOCAL, 10, 10, gpu_step_s=0.005, feed=feed)
+    assert supply.cpu_samples_per_s == pytest.approx(1000.0) and supply.storage_limits
+    # from storage (a quarter of the samples): 10 / 500 - 0.005 = 15 ms; from the page cache 10 / 1000 - 0.005 = 5 ms
+    assert supply.wait_s == pytest.approx(0.25 * 0.015 + 0.75 * 0.005)  # 7.5 ms per step
+    # 1 / (0.25 / 500 + 0.75 / 1000) = 800/s over the job; the GPU waits 7.5 / (5 + 7.5) = 60% of its steps
+    assert supply.supply_samples_per_s == pytest.approx(800.0) and supply.stall_fraction == pytest.approx(0.6)
+    # a storage faster than the CPU side changes nothing
+    quick = input_supply(fixed_rate(1000.0), LOCAL, 10, 10, 0.005, feed=Feed(storage_samples_per_s=5000.0))
+    assert not quick.storage_limits and quick.wait_s == pytest.approx(0.005)
+
+
+def test_a_dataset_that_fits_in_memory_is_read_from_storage_once() -> None:
+    # 1.28 M JPEGs of 110 KB = 141 GB; half of 1,152 GiB = 618 GB holds it: the first of 90 epochs reads storage
+    assert storage_share(1_281_167, 90, 110e3, 1152 * 2**30) == pytest.approx(1 / 90)
+    # on 128 GiB (64 GiB for the page cache) every epoch reads it; a job in steps or an unknown host: every sample
+    assert storage_share(1_281_167, 90, 110e3, 128 * 2**30) == 1.0
+    assert storage_share(None, None, 110e3, 1152 * 2**30) == 1.0 and storage_share(10, 5, 1e3, None) == 1.0
+    # a single epoch, or less, reads everything once
+    assert storage_share(1000, 1, 1e3, 2**30) == 1.0 and storage_share(1000, 0.5, 1e3, 2**30) == 1.0
+
+
+def test_the_batch_crosses_the_slower_of_the_gpus_and_the_hosts_pcie(db: HardwareDB) -> None:
+    a100 = db.gpu("a100-sxm4-80gb")
+    # PCIe 4.0 x16, measured 25.9 GB/s: 154 MB (256 fp32 images of 3 x 224 x 224) in 154.1e6 / 25.9e9 = 5.95 ms
+    assert host_link_rate(db, a100, None).copy_s(256 * 3 * 224 * 224 * 4) == pytest.approx(5.953e-3, rel=1e-3)
+    # behind a Cascade Lake Xeon (PCIe 3.0 root ports, as on p4d): the 3.0 rate, 12.4 GB/s
+    capped = host_link_rate(db, a100, 3)
+    assert capped.host_to_device_bytes_per_s == 12.4e9 and "host CPU's generation" in capped.describe
+    # an x8 card gets half the x16 rate: 25.9 / 2; Grace Hopper's chip-to-chip link: 346 GB/s
+    assert host_link_rate(db, db.gpu("rtx-4060-ti-16gb"), 5).host_to_device_bytes_per_s == pytest.approx(12.95e9)
+    assert host_link_rate(db, db.gpu("gh200"), None).host_to_device_bytes_per_s == 346e9
+    # PCIe 6.0 (B200) has no measured rate: the fastest measured one, and it says so
+    assert "no measured 6.0 link" in host_link_rate(db, db.gpu("b200"), None).describe
+
+
+def test_storage_is_read_bypassing_the_page_cache_and_stored(tmp_path: Path) -> None:
+    # a 110 KB JPEG is read as 27 blocks of 4 KiB; reads are at least a block, at most 4 MiB
+    assert block_for(110_000) == 110_592 and block_for(10) == 4096 and block_for(1e9) == 4 * 2**20
+    measured = storage_rate(tmp_path, 110_000, 2)
+    assert measured.read_bytes_per_s > 0 and measured.block_bytes == 110_592 and measured.depth == 2
+    assert len(measured.rounds) == 3 and not list(tmp_path.glob(".storage-test-*"))  # the test file is gone
+    if measured.stored:
+        again = storage_rate(tmp_path, 110_000, 2)
+        assert again == measured
+    assert measured.samples_per_s(110_000) == pytest.approx(measured.read_bytes_per_s / 110_000)
+
+
+class _Reads(torch.utils.data.Dataset):
+    """Each sample reads a 10,000-byte file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.frombuffer(bytearray(self.path.read_bytes()), dtype=torch.uint8)[:4].float()
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="the kernel counts read bytes on Linux only")
+def test_the_bytes_a_dataset_reads_are_counted(tmp_path: Path) -> None:
+    data = tmp_path / "sample.bin"
+    data.write_bytes(bytes(10_000))
+    timing = measure_samples(_Reads(data), 4)
+    # 10,000 bytes per sample, and a little of the file system's own (the counter file itself, ~100 bytes)
+    assert 10_000 <= timing.read_bytes < 11_000
 
 
 def test_the_inputs_choose_the_built_in_pipeline(tmp_path: Path) -> None:
@@ -181,8 +270,10 @@ def test_an_input_bound_gpu_waits_for_its_batches(tmp_path: Path, capsys: pytest
     assert feeding["vcpus_per_gpu"] == 4 and feeding["workers"] == 3 and feeding["workers_needed"] is None
     assert result["bound"] == "input" and feeding["stall_fraction"] > 0.9
     assert result["throughput_samples_per_s"] == pytest.approx(feeding["supply_samples_per_s"])
-    assert result["time_breakdown_s"]["input"] == pytest.approx(
-        32 / feeding["supply_samples_per_s"] - 32 / feeding["demand_samples_per_s"])
+    # the input part: the wait, 32 / supply - 32 / demand, and the batch's copy (32 x 64 fp32 + labels over PCIe 5.0)
+    assert feeding["host_to_device_s"] > 0 and "PCIe 5.0 x16" in feeding["host_link"]
+    assert feeding["wait_s"] == pytest.approx(32 / feeding["supply_samples_per_s"] - 32 / feeding["demand_samples_per_s"])
+    assert result["time_breakdown_s"]["input"] == pytest.approx(feeding["wait_s"] + feeding["host_to_device_s"])
     assert document["input_pipeline"]["kind"] == "file"
     code, document, _ = _estimate_json(capsys, str(model), "--gpu", "h100-sxm", "--no-input-pipeline")
     assert document["results"][0]["input_pipeline"] is None and document["results"][0]["bound"] != "input"

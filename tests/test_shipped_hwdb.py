@@ -40,6 +40,7 @@ def test_every_source_cited_exists_and_every_source_is_cited(db: HardwareDB) -> 
     cited = {s for gpu in db.gpus for s in gpu.sources} | {o.source for o in db.offers}
     cited |= {s for overhead in db.memory_overheads for s in overhead.sources}
     cited |= {s for cpu in db.host_cpus for s in cpu.sources}
+    cited |= {s for link in db.host_links for s in link.sources}
     cited |= {s for family in load_families(db) for s in family.sources}  # calibration/reference/
     cited.add(db.defaults.electricity_source)
     assert cited <= known
@@ -52,6 +53,16 @@ def test_every_offer_host_cpu_exists(db: HardwareDB) -> None:
     # the instances of the example: p4d hosts A100s on Cascade Lake Xeons
     p4d = next(o for o in db.offers if o.instance == "p4d.24xlarge")
     assert p4d.host_cpu == "xeon-8275cl"
+
+
+def test_every_gpu_has_a_host_link(db: HardwareDB) -> None:
+    # the batch's copy to the GPU needs its PCIe generation, or a named link (Grace Hopper's NVLink-C2C)
+    for gpu in db.gpus:
+        assert gpu.pcie_gen is not None or gpu.host_link is not None, gpu.id
+    assert db.gpu("gh200").host_link == "nvlink-c2c"
+    # every x86 CPU of a GPU offer says its PCIe generation
+    named = {o.host_cpu for o in db.offers} - {None}
+    assert all(db.host_cpu(cpu_id).pcie_gen in (3, 4, 5) for cpu_id in named)
 
 
 def test_unverified_figures_are_marked_with_source_x(db: HardwareDB) -> None:

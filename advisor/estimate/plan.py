@@ -12,10 +12,12 @@ from advisor.estimate.costs import SECONDS_PER_HOUR, CloudCost, Job, Ownership, 
 from advisor.estimate.step import Chunks, StepTime, chunks_of, estimate_accumulated, estimate_chunks
 from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
+from advisor.units import GIB
 from advisor.memory.estimate import DeviceMemory, device_memory
 from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
-from advisor.pipeline.hosts import thread_speed
-from advisor.pipeline.supply import Host, InputSupply, PipelineProfile, input_supply
+from advisor.pipeline.hosts import physical_memory_bytes, this_machine_cpu, thread_speed
+from advisor.pipeline.links import host_link_rate
+from advisor.pipeline.supply import Feed, Host, InputSupply, PipelineProfile, input_supply, storage_share
 from advisor.process import collector_paused
 from advisor.estimate.ops import DTYPE_FALLBACK
 from advisor.profile.choices import precision_of
@@ -331,9 +333,10 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
     if pipeline is not None and target.device.kind == "gpu" and memory.fits:
         host = host_for(target, db, settings, pipeline.mechanics.cpus)
         loader_batch = settings.memory.micro_batch or batch
-        supply = input_supply(pipeline, host, loader_batch, batch / step.step_s, settings.workers)
-        if supply.limits:
-            step = step.with_input_stall(batch / supply.supply_samples_per_s - step.step_s)
+        feed = feed_for(pipeline, host, target, db, settings)
+        supply = input_supply(pipeline, host, loader_batch, batch, step.step_s + feed.copy_s, settings.workers,
+                              feed)
+        step = step.with_input(feed.copy_s + supply.wait_s)
     steps = settings.job.steps_for(batch)
     hours = steps * step.step_s / SECONDS_PER_HOUR
     gpu = target.gpu
@@ -349,6 +352,22 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
                           peak_flops(target, settings.memory.precision), settings.seq_len, supply)
 
 
+def feed_for(pipeline: PipelineProfile, host: Host, target: EstimateTarget, db: HardwareDB,
+             settings: EstimateSettings) -> Feed:
+    """The batch's copy over `target`'s host link, and on this machine the storage's reads, of one step."""
+    gpu = target.gpu
+    link = None if gpu is None else host_link_rate(db, gpu, host.pcie_gen)
+    batch_bytes = settings.memory.batch_size * pipeline.timing.sample_bytes
+    read = pipeline.read_bytes_per_sample
+    storage = pipeline.storage if host.local else None
+    job = settings.job
+    return Feed(copy_s=0.0 if link is None else link.copy_s(batch_bytes),
+                link="" if link is None else link.describe,
+                storage_samples_per_s=None if storage is None or read <= 0 else storage.samples_per_s(read),
+                storage_share=storage_share(job.samples, job.epochs, read, host.memory_bytes),
+                read_bytes_per_sample=read)
+
+
 def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings, local_cpus: int) -> Host:
     """Where `target`'s batches are prepared: --vcpus-per-gpu's host; this machine for a local GPU; the
     instance of the GPU's cheapest 1-GPU offer that lists its vCPUs, else of any offer that does (the
@@ -357,9 +376,12 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
     if settings.vcpus_per_gpu is not None:
         speed, cpu = thread_speed(db, settings.host_cpu)
         return Host(f"{settings.vcpus_per_gpu:g} vCPUs per GPU (--vcpus-per-gpu)", settings.vcpus_per_gpu, False,
-                    speed, cpu)
+                    speed, cpu, _pcie_gen(db, settings.host_cpu))
+    local_cpu, _ = this_machine_cpu(db)
+    local = Host("this machine", local_cpus, True, pcie_gen=None if local_cpu is None else local_cpu.pcie_gen,
+                 memory_bytes=physical_memory_bytes())
     if target.local or target.gpu is None:
-        return Host("this machine", local_cpus, True)
+        return local
     offers = [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
     sized = [o for o in offers if o.gpus_per_instance == JOB_GPUS]
     if sized:
@@ -367,11 +389,19 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
     elif offers:
         offer = min(offers, key=lambda o: (o.vcpus_per_gpu, o.usd_per_gpu_hour))
     else:
-        return Host("this machine (no instance with this GPU lists its vCPUs)", local_cpus, True)
+        return replace(local, name="this machine (no instance with this GPU lists its vCPUs)")
     vcpus = offer.vcpus_per_gpu
     assert vcpus is not None
-    speed, cpu = thread_speed(db, settings.host_cpu or offer.host_cpu)
-    return Host(f"{offer.provider} {offer.instance} ({vcpus:g} vCPUs per GPU)", vcpus, False, speed, cpu)
+    cpu_id = settings.host_cpu or offer.host_cpu
+    speed, cpu = thread_speed(db, cpu_id)
+    memory = None if offer.host_memory_gb is None else offer.host_memory_gb * GIB / offer.gpus_per_instance
+    return Host(f"{offer.provider} {offer.instance} ({vcpus:g} vCPUs per GPU)", vcpus, False, speed, cpu,
+                _pcie_gen(db, cpu_id), memory)
+
+
+def _pcie_gen(db: HardwareDB, cpu_id: str | None) -> int | None:
+    cpu = db.host_cpu(cpu_id)
+    return None if cpu is None else cpu.pcie_gen
 
 
 def peak_flops(target: EstimateTarget, precision: str) -> float | None:

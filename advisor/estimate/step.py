@@ -46,7 +46,8 @@ from advisor.profile.trace import OpRecord, StepTrace
 
 BOUNDS = ("compute", "memory", "overhead")
 INPUT_BOUND = "input"
-"""The fourth part of a step: the GPU waiting for the input pipeline (advisor.pipeline.supply)."""
+"""The fourth part of a step: the batch's copy to the GPU and the GPU waiting for the input pipeline
+(advisor.pipeline.supply)."""
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,11 @@ class StepTime:
         more than for anything else)."""
         return max(self.by_bound, key=lambda b: self.by_bound[b])
 
-    def with_input_stall(self, stall_s: float) -> StepTime:
-        """The step when the GPU also waits `stall_s` seconds for its input pipeline (by_bound["input"])."""
-        assert stall_s >= 0, stall_s
-        return replace(self, step_s=self.step_s + stall_s, by_bound={**self.by_bound, INPUT_BOUND: stall_s})
+    def with_input(self, input_s: float) -> StepTime:
+        """The step when the GPU also spends `input_s` seconds on its input (by_bound["input"]): the
+        batch's copy from the host and any wait for the input pipeline."""
+        assert input_s >= 0, input_s
+        return replace(self, step_s=self.step_s + input_s, by_bound={**self.by_bound, INPUT_BOUND: input_s})
 
     @property
     def layout_s(self) -> float:

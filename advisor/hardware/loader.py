@@ -31,6 +31,7 @@ from advisor.hardware.specs import (
     GPUSpec,
     HardwareDB,
     HostCPU,
+    HostLink,
     MemoryOverhead,
     Override,
     PeakThroughput,
@@ -47,6 +48,7 @@ DOCUMENT_KEYS = {
     "sources",
     "memory_overheads",
     "host_cpus",
+    "host_links",
     "date",
     "electricity_usd_per_kwh",
     "electricity_source",
@@ -68,6 +70,7 @@ GPU_OPTIONAL = (
     "pcie_lanes",
     "nvlink_gbps",
     "nvlink",
+    "host_link",
     "launch_date",
     "launch_msrp_usd",
     "street_price_usd",
@@ -83,7 +86,9 @@ SOURCE_REQUIRED = ("id", "grade", "title", "url")
 OVERHEAD_REQUIRED = ("id", "cuda_context_mib", "cublas_workspace_mib", "sources")
 OVERHEAD_OPTIONAL = ("notes",)
 HOST_CPU_REQUIRED = ("id", "name", "microarchitecture", "single_thread_score", "sources")
-HOST_CPU_OPTIONAL = ("match", "cpuid_family", "notes")
+HOST_CPU_OPTIONAL = ("match", "cpuid_family", "pcie_gen", "notes")
+HOST_LINK_REQUIRED = ("id", "host_to_device_gbps", "sources")
+HOST_LINK_OPTIONAL = ("pcie_gen", "lanes", "notes")
 CPUID_FAMILY = re.compile(r"^(GenuineIntel|AuthenticAMD)/[0-9]{1,3}$")
 
 VENDORS = ("nvidia", "amd", "intel", "apple", "other")
@@ -114,6 +119,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "vcpus": (1, 4096),
     "host_memory_gb": (0.5, 65_536),
     "single_thread_score": (1, 1_000_000),
+    "host_to_device_gbps": (0.1, 100_000),
+    "lanes": (0, 64),
     "cuda_context_mib": (0, 65_536),
     "cublas_workspace_mib": (0, 65_536),
     "electricity_usd_per_kwh": (0, 10),
@@ -187,6 +194,7 @@ class _Layer:
     sources: list[tuple[Path, str, dict[str, Any]]]
     memory_overheads: list[tuple[Path, str, dict[str, Any]]]
     host_cpus: list[tuple[Path, str, dict[str, Any]]]
+    host_links: list[tuple[Path, str, dict[str, Any]]]
     defaults: dict[str, tuple[Path, Any]]
     dates: dict[Path, dt.date]
 
@@ -237,8 +245,11 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
     sources = _merge(layers, "sources", "source", overrides)
     source_records = tuple(_build_source(path, label, raw) for path, label, raw in sources.values())
     source_ids = {s.id for s in source_records}
+    host_links = _merge(layers, "host_links", "host link", overrides)
+    link_records = tuple(_build_host_link(path, label, raw, source_ids) for path, label, raw in host_links.values())
+    link_ids = {link.id for link in link_records}
     gpus = _merge(layers, "gpus", "GPU", overrides)
-    gpu_records = tuple(_build_gpu(path, label, raw, source_ids) for path, label, raw in gpus.values())
+    gpu_records = tuple(_build_gpu(path, label, raw, source_ids, link_ids) for path, label, raw in gpus.values())
     gpu_ids = {g.id for g in gpu_records}
     host_cpus = _merge(layers, "host_cpus", "host CPU", overrides)
     cpu_records = tuple(_build_host_cpu(path, label, raw, source_ids) for path, label, raw in host_cpus.values())
@@ -261,6 +272,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
         directories=tuple(str(d) for d in directories),
         memory_overheads=overhead_records,
         host_cpus=cpu_records,
+        host_links=link_records,
     )
 
 
@@ -268,7 +280,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
 
 
 def _read_layer(directory: Path) -> _Layer:
-    layer = _Layer(directory, [], [], [], [], [], {}, {})
+    layer = _Layer(directory, [], [], [], [], [], [], {}, {})
     for path in _yaml_files(directory):
         _read_document(path, layer)
     return layer
@@ -393,7 +405,8 @@ def _read_document(path: Path, layer: _Layer) -> None:
     if "date" in document:
         layer.dates[path] = _as_date(path, None, "date", document["date"])
     kinds = (("gpus", layer.gpus), ("offers", layer.offers), ("sources", layer.sources),
-             ("memory_overheads", layer.memory_overheads), ("host_cpus", layer.host_cpus))
+             ("memory_overheads", layer.memory_overheads), ("host_cpus", layer.host_cpus),
+             ("host_links", layer.host_links))
     for kind, bucket in kinds:
         entries = document.get(kind)
         if entries is None:
@@ -591,6 +604,26 @@ def _build_host_cpu(path: Path, label: str, raw: dict[str, Any], source_ids: set
         sources=_check_sources(path, label, raw, source_ids),
         match=tuple(match),
         cpuid_family=family,
+        pcie_gen=_optional(raw, "pcie_gen", lambda v: _as_int(path, label, "pcie_gen", v)),
+        notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
+    )
+
+
+def _build_host_link(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> HostLink:
+    _check_keys(path, label, raw, HOST_LINK_REQUIRED, HOST_LINK_OPTIONAL)
+    link_id = _as_str(path, label, "id", raw["id"])
+    if not ID_PATTERN.match(link_id):
+        raise HwdbError(path, "must be lowercase letters, digits and dashes", entry=label, key="id")
+    if (raw.get("pcie_gen") is None) != (raw.get("lanes") is None):
+        raise HwdbError(path, "a PCIe link gives both pcie_gen and lanes, another link neither", entry=label,
+                        key="lanes")
+    return HostLink(
+        id=link_id,
+        pcie_gen=_optional(raw, "pcie_gen", lambda v: _as_int(path, label, "pcie_gen", v)),
+        lanes=_optional(raw, "lanes", lambda v: _as_int(path, label, "lanes", v)),
+        host_to_device_bytes_per_s=_as_number(path, label, "host_to_device_gbps", raw["host_to_device_gbps"])
+        * units.GB,
+        sources=_check_sources(path, label, raw, source_ids),
         notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
     )
 
@@ -619,7 +652,7 @@ def _figure_names(raw: dict[str, Any]) -> set[str]:
     return names
 
 
-def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> GPUSpec:
+def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str], link_ids: set[str]) -> GPUSpec:
     _check_keys(path, label, raw, GPU_REQUIRED, GPU_OPTIONAL)
     gpu_id = _as_str(path, label, "id", raw["id"])
     if not ID_PATTERN.match(gpu_id):
@@ -656,6 +689,10 @@ def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]
     nvlink_gbps = _optional(raw, "nvlink_gbps", lambda v: _as_number(path, label, "nvlink_gbps", v))
     if has_nvlink is False and nvlink_gbps is not None:
         raise HwdbError(path, "nvlink is false but nvlink_gbps is given", entry=label, key="nvlink_gbps")
+    host_link = _optional(raw, "host_link", lambda v: _as_str(path, label, "host_link", v))
+    if host_link is not None and host_link not in link_ids:
+        raise HwdbError(path, f"unknown host link {shown(host_link)}{_suggest(host_link, link_ids)}", entry=label,
+                        key="host_link")
     return GPUSpec(
         id=gpu_id,
         name=_as_str(path, label, "name", raw["name"]),
@@ -691,6 +728,7 @@ def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]
         aliases=tuple(aliases),
         notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
         origin=str(path),
+        host_link=host_link,
     )
 
 

@@ -90,6 +90,8 @@ class GPUSpec:
     notes: str | None
     origin: str
     """The file this entry was read from."""
+    host_link: str | None = None
+    """A HostLink id where the GPU reaches its host by another link than PCIe (NVLink-C2C)."""
 
     @property
     def purchase_usd(self) -> float | None:
@@ -120,6 +122,7 @@ class GPUSpec:
             "form_factor": self.form_factor,
             "pcie_gen": self.pcie_gen,
             "pcie_lanes": self.pcie_lanes,
+            "host_link": self.host_link,
             "nvlink_bytes_per_s": self.nvlink_bytes_per_s,
             "has_nvlink": self.has_nvlink,
             "launch_date": self.launch_date.isoformat() if self.launch_date else None,
@@ -240,6 +243,24 @@ class HostCPU:
     cpuid_family: str | None = None
     """"vendor/family" (AuthenticAMD/26) that identifies its microarchitecture where a virtual machine
     hides the model name ("AMD EPYC"): a stand-in for that generation."""
+    pcie_gen: int | None = None
+    """The PCIe generation of its root ports: a GPU of a later generation copies at this one's rate."""
+    notes: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """How fast one GPU alone copies a pinned batch from its host's memory: measured over a link of
+    `lanes` PCIe lanes of generation `pcie_gen`, or over another link (NVLink-C2C: both None)."""
+
+    id: str
+    pcie_gen: int | None
+    lanes: int | None
+    host_to_device_bytes_per_s: float
+    sources: tuple[str, ...]
     notes: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,6 +294,7 @@ class HardwareDB:
     directories: tuple[str, ...] = ()
     memory_overheads: tuple[MemoryOverhead, ...] = ()
     host_cpus: tuple[HostCPU, ...] = ()
+    host_links: tuple[HostLink, ...] = ()
     _by_id: dict[str, GPUSpec] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:

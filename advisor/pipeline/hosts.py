@@ -10,6 +10,7 @@ rate measured here; where either CPU is unknown, at this machine's rate (and the
 from __future__ import annotations
 
 import functools
+import os
 
 from advisor.hardware.specs import HardwareDB, HostCPU
 from advisor.probe.cpu import probe_cpu
@@ -56,3 +57,11 @@ def thread_speed(db: HardwareDB, cpu_id: str | None) -> tuple[float, str]:
     ratio = target.single_thread_score / local.single_thread_score
     known = "" if by_name else f" (this machine's generation, {local.microarchitecture})"
     return ratio, f"{target.name}, {ratio:.2f}x this machine's single-thread speed{known}"
+
+
+def physical_memory_bytes() -> float | None:
+    """This machine's memory (bytes), None where the OS does not say."""
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None

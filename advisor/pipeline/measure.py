@@ -42,6 +42,9 @@ class SampleTiming:
     """Bytes of one sample's tensors once collated (what a worker hands to the main process)."""
     rounds_s: tuple[float, ...]
     """Each round's seconds per sample: their spread says how steady the measurement was."""
+    read_bytes: float = 0.0
+    """Bytes dataset[i] read through read() calls per sample (the kernel's count, /proc/self/io rchar;
+    0 where the OS does not count, or for data mapped into memory)."""
 
     @property
     def spread(self) -> float:
@@ -50,7 +53,7 @@ class SampleTiming:
 
     def to_dict(self) -> dict[str, Any]:
         return {"sample_s": self.sample_s, "collate_s": self.collate_s, "batch": self.batch,
-                "sample_bytes": self.sample_bytes, "rounds_s": list(self.rounds_s)}
+                "sample_bytes": self.sample_bytes, "rounds_s": list(self.rounds_s), "read_bytes": self.read_bytes}
 
 
 def spread(values: Sequence[float]) -> float:
@@ -80,20 +83,35 @@ def measure_samples(dataset: Any, batch: int, seed: int = 0) -> SampleTiming:
             dataset[index]
         per_round = _samples_per_round(dataset, length)
         rounds = []
+        read_before = bytes_read()
         for _ in range(ROUNDS):
             indices = [random.randrange(length) for _ in range(per_round)]
             started = time.perf_counter()
             for index in indices:
                 dataset[index]
             rounds.append((time.perf_counter() - started) / per_round)
+        read_after = bytes_read()
         samples = [dataset[random.randrange(length)] for _ in range(batch)]
         collates = []
         for _ in range(3):
             started = time.perf_counter()
             collated = default_collate(samples)
             collates.append((time.perf_counter() - started) / batch)
+    read = 0.0 if read_before is None or read_after is None else (read_after - read_before) / (ROUNDS * per_round)
     return SampleTiming(statistics.median(rounds), min(collates), batch, _tensor_bytes(collated) / batch,
-                        tuple(rounds))
+                        tuple(rounds), read)
+
+
+def bytes_read() -> int | None:
+    """Bytes this process has read through read() calls so far (Linux /proc/self/io rchar), else None."""
+    try:
+        with open("/proc/self/io") as counters:
+            for line in counters:
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def _samples_per_round(dataset: Any, length: int) -> int:

@@ -16,6 +16,7 @@ from advisor.paths import user_cache_dir
 from advisor.pipeline.datasets import pipeline_for
 from advisor.pipeline.machine import fingerprint, mechanics
 from advisor.pipeline.measure import SampleTiming, measure_samples
+from advisor.pipeline.storage import storage_rate
 from advisor.pipeline.stored import read_document, write_document
 from advisor.pipeline.supply import PipelineProfile
 from advisor.profile.model_file import ModelFile
@@ -24,7 +25,7 @@ MEASURING_BATCH = 32
 """Samples per batch when collation is timed (the cost per sample hardly depends on it)."""
 
 FORMAT = "gpu-advisor-pipeline-timing"
-SCHEMA = 1
+SCHEMA = 2
 
 MAX_AGE_S = {"file": 86_400.0, "images": 30 * 86_400.0, "tokens": 30 * 86_400.0, "tensors": 30 * 86_400.0}
 """How long a stored timing serves, by pipeline kind (seconds)."""
@@ -57,7 +58,9 @@ def measure_pipeline(model: ModelFile, progress: Callable[[str], None] = lambda 
             write_document(stored_at, FORMAT, SCHEMA, {"measured_at": time.time(), "kind": pipeline.kind,
                                                        "timing": timing.to_dict()})
     loader = mechanics(cache, progress)
-    measured = PipelineProfile(pipeline.kind, pipeline.describe, timing, loader, pipeline.read_bytes_per_sample)
+    read = max(pipeline.read_bytes_per_sample, timing.read_bytes)
+    storage = storage_rate(cache, read, loader.cpus, progress) if read > 0 else None
+    measured = PipelineProfile(pipeline.kind, pipeline.describe, timing, loader, read, storage)
     _MEASURED[key] = measured
     return measured
 
@@ -79,7 +82,8 @@ def _stored_timing(path: Path | None, kind: str) -> SampleTiming | None:
         age = time.time() - float(body["measured_at"])
         fields = body["timing"]
         timing = SampleTiming(float(fields["sample_s"]), float(fields["collate_s"]), int(fields["batch"]),
-                              float(fields["sample_bytes"]), tuple(float(r) for r in fields["rounds_s"]))
+                              float(fields["sample_bytes"]), tuple(float(r) for r in fields["rounds_s"]),
+                              float(fields["read_bytes"]))
     except (ValueError, KeyError, TypeError):
         return None
     return timing if 0 <= age <= MAX_AGE_S.get(kind, 0.0) and timing.sample_s > 0 else None
