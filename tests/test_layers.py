@@ -18,7 +18,7 @@ LAYERS = (
     ("hardware",),
     ("probe",),
     ("profile",),
-    ("calibration", "memory"),
+    ("calibration", "memory", "parallel"),
     ("pipeline",),
     ("estimate",),
     ("app",),

@@ -41,6 +41,7 @@ def test_every_source_cited_exists_and_every_source_is_cited(db: HardwareDB) -> 
     cited |= {s for overhead in db.memory_overheads for s in overhead.sources}
     cited |= {s for cpu in db.host_cpus for s in cpu.sources}
     cited |= {s for link in db.host_links for s in link.sources}
+    cited |= {s for link in db.interconnects for s in link.sources}
     cited |= {s for family in load_families(db) for s in family.sources}  # calibration/reference/
     cited.add(db.defaults.electricity_source)
     assert cited <= known

@@ -32,6 +32,7 @@ from advisor.hardware.specs import (
     HardwareDB,
     HostCPU,
     HostLink,
+    Interconnect,
     MemoryOverhead,
     Override,
     PeakThroughput,
@@ -49,6 +50,7 @@ DOCUMENT_KEYS = {
     "memory_overheads",
     "host_cpus",
     "host_links",
+    "interconnects",
     "date",
     "electricity_usd_per_kwh",
     "electricity_source",
@@ -89,6 +91,11 @@ HOST_CPU_REQUIRED = ("id", "name", "microarchitecture", "single_thread_score", "
 HOST_CPU_OPTIONAL = ("match", "cpuid_family", "pcie_gen", "notes")
 HOST_LINK_REQUIRED = ("id", "host_to_device_gbps", "sources")
 HOST_LINK_OPTIONAL = ("pcie_gen", "lanes", "notes")
+INTERCONNECT_REQUIRED = ("id", "name", "scope", "busbw_gbps_by_message_mib", "sources")
+INTERCONNECT_OPTIONAL = ("half_bandwidth_mib", "notes")
+INTERCONNECT_SCOPES = ("node", "network")
+MIN_FITTED_POINTS = 2
+"""Measured message sizes that fix an interconnect's curve without half_bandwidth_mib."""
 CPUID_FAMILY = re.compile(r"^(GenuineIntel|AuthenticAMD)/[0-9]{1,3}$")
 
 VENDORS = ("nvidia", "amd", "intel", "apple", "other")
@@ -121,6 +128,9 @@ LIMITS: dict[str, tuple[float, float]] = {
     "single_thread_score": (1, 1_000_000),
     "host_to_device_gbps": (0.1, 100_000),
     "lanes": (0, 64),
+    "busbw_gbps": (0.01, 100_000),
+    "message_mib": (0, 1_048_576),
+    "half_bandwidth_mib": (0, 1_048_576),
     "cuda_context_mib": (0, 65_536),
     "cublas_workspace_mib": (0, 65_536),
     "electricity_usd_per_kwh": (0, 10),
@@ -195,6 +205,7 @@ class _Layer:
     memory_overheads: list[tuple[Path, str, dict[str, Any]]]
     host_cpus: list[tuple[Path, str, dict[str, Any]]]
     host_links: list[tuple[Path, str, dict[str, Any]]]
+    interconnects: list[tuple[Path, str, dict[str, Any]]]
     defaults: dict[str, tuple[Path, Any]]
     dates: dict[Path, dt.date]
 
@@ -248,6 +259,9 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
     host_links = _merge(layers, "host_links", "host link", overrides)
     link_records = tuple(_build_host_link(path, label, raw, source_ids) for path, label, raw in host_links.values())
     link_ids = {link.id for link in link_records}
+    interconnects = _merge(layers, "interconnects", "interconnect", overrides)
+    interconnect_records = tuple(_build_interconnect(path, label, raw, source_ids)
+                                 for path, label, raw in interconnects.values())
     gpus = _merge(layers, "gpus", "GPU", overrides)
     gpu_records = tuple(_build_gpu(path, label, raw, source_ids, link_ids) for path, label, raw in gpus.values())
     gpu_ids = {g.id for g in gpu_records}
@@ -273,6 +287,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
         memory_overheads=overhead_records,
         host_cpus=cpu_records,
         host_links=link_records,
+        interconnects=interconnect_records,
     )
 
 
@@ -280,7 +295,7 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
 
 
 def _read_layer(directory: Path) -> _Layer:
-    layer = _Layer(directory, [], [], [], [], [], [], {}, {})
+    layer = _Layer(directory, [], [], [], [], [], [], [], {}, {})
     for path in _yaml_files(directory):
         _read_document(path, layer)
     return layer
@@ -406,7 +421,7 @@ def _read_document(path: Path, layer: _Layer) -> None:
         layer.dates[path] = _as_date(path, None, "date", document["date"])
     kinds = (("gpus", layer.gpus), ("offers", layer.offers), ("sources", layer.sources),
              ("memory_overheads", layer.memory_overheads), ("host_cpus", layer.host_cpus),
-             ("host_links", layer.host_links))
+             ("host_links", layer.host_links), ("interconnects", layer.interconnects))
     for kind, bucket in kinds:
         entries = document.get(kind)
         if entries is None:
@@ -605,6 +620,35 @@ def _build_host_cpu(path: Path, label: str, raw: dict[str, Any], source_ids: set
         match=tuple(match),
         cpuid_family=family,
         pcie_gen=_optional(raw, "pcie_gen", lambda v: _as_int(path, label, "pcie_gen", v)),
+        notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
+    )
+
+
+def _build_interconnect(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> Interconnect:
+    _check_keys(path, label, raw, INTERCONNECT_REQUIRED, INTERCONNECT_OPTIONAL)
+    link_id = _as_str(path, label, "id", raw["id"])
+    if not ID_PATTERN.match(link_id):
+        raise HwdbError(path, "must be lowercase letters, digits and dashes", entry=label, key="id")
+    key = "busbw_gbps_by_message_mib"
+    measured = raw[key]
+    if not isinstance(measured, dict) or not measured:
+        raise HwdbError(path, "must map message sizes in MiB to bus bandwidths in GB/s, e.g. {64: 202}",
+                        entry=label, key=key)
+    points = tuple(sorted((_as_number(path, label, key, size, "message_mib") * units.MIB,
+                           _as_number(path, label, key, busbw, "busbw_gbps") * units.GB)
+                          for size, busbw in measured.items()))
+    half = _optional(raw, "half_bandwidth_mib",
+                     lambda v: _as_number(path, label, "half_bandwidth_mib", v) * units.MIB)
+    if half is None and len(points) < MIN_FITTED_POINTS:
+        raise HwdbError(path, f"{len(points)} measured sizes cannot fix the curve's shape: give "
+                        f"half_bandwidth_mib or at least {MIN_FITTED_POINTS} sizes", entry=label, key=key)
+    return Interconnect(
+        id=link_id,
+        name=_as_str(path, label, "name", raw["name"]),
+        scope=_as_choice(path, label, "scope", raw["scope"], INTERCONNECT_SCOPES),
+        busbw_points=points,
+        half_bandwidth_bytes=half,
+        sources=_check_sources(path, label, raw, source_ids),
         notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
     )
 

@@ -268,6 +268,25 @@ class HostLink:
 
 
 @dataclass(frozen=True)
+class Interconnect:
+    """A link between GPUs as NCCL's collectives use it: the all-reduce bus bandwidth measured at some
+    message sizes (bytes, bytes/s), sorted by size; `half_bandwidth_bytes` fixes the curve's shape where
+    too few sizes were measured (advisor.parallel.collectives)."""
+
+    id: str
+    name: str
+    scope: str
+    """"node": between the GPUs of one instance; "network": between instances."""
+    busbw_points: tuple[tuple[float, float], ...]
+    half_bandwidth_bytes: float | None
+    sources: tuple[str, ...]
+    notes: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class MemoryOverhead:
     """Device memory a training process needs beyond its tensors on one GPU architecture, bytes:
     the CUDA context (outside torch's allocator) and the cuBLAS workspace (inside it)."""
@@ -295,6 +314,7 @@ class HardwareDB:
     memory_overheads: tuple[MemoryOverhead, ...] = ()
     host_cpus: tuple[HostCPU, ...] = ()
     host_links: tuple[HostLink, ...] = ()
+    interconnects: tuple[Interconnect, ...] = ()
     _by_id: dict[str, GPUSpec] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
