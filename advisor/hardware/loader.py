@@ -599,11 +599,17 @@ def _build_overhead(path: Path, label: str, raw: dict[str, Any], source_ids: set
     )
 
 
+def _entry_id(path: Path, label: str, raw: dict[str, Any]) -> str:
+    """The entry's `id`: lowercase letters, digits and dashes."""
+    entry_id = _as_str(path, label, "id", raw["id"])
+    if not ID_PATTERN.match(entry_id):
+        raise HwdbError(path, "must be lowercase letters, digits and dashes", entry=label, key="id")
+    return entry_id
+
+
 def _build_host_cpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> HostCPU:
     _check_keys(path, label, raw, HOST_CPU_REQUIRED, HOST_CPU_OPTIONAL)
-    cpu_id = _as_str(path, label, "id", raw["id"])
-    if not ID_PATTERN.match(cpu_id):
-        raise HwdbError(path, "must be lowercase letters, digits and dashes", entry=label, key="id")
+    cpu_id = _entry_id(path, label, raw)
     match = raw.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) and m.strip() for m in match):
         raise HwdbError(path, f"must be a list of model-name substrings, got {shown(match)}", entry=label, key="match")
@@ -626,9 +632,7 @@ def _build_host_cpu(path: Path, label: str, raw: dict[str, Any], source_ids: set
 
 def _build_interconnect(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> Interconnect:
     _check_keys(path, label, raw, INTERCONNECT_REQUIRED, INTERCONNECT_OPTIONAL)
-    link_id = _as_str(path, label, "id", raw["id"])
-    if not ID_PATTERN.match(link_id):
-        raise HwdbError(path, "must be lowercase letters, digits and dashes", entry=label, key="id")
+    link_id = _entry_id(path, label, raw)
     key = "busbw_gbps_by_message_mib"
     measured = raw[key]
     if not isinstance(measured, dict) or not measured:
@@ -655,9 +659,7 @@ def _build_interconnect(path: Path, label: str, raw: dict[str, Any], source_ids:
 
 def _build_host_link(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> HostLink:
     _check_keys(path, label, raw, HOST_LINK_REQUIRED, HOST_LINK_OPTIONAL)
-    link_id = _as_str(path, label, "id", raw["id"])
-    if not ID_PATTERN.match(link_id):
-        raise HwdbError(path, "must be lowercase letters, digits and dashes", entry=label, key="id")
+    link_id = _entry_id(path, label, raw)
     if (raw.get("pcie_gen") is None) != (raw.get("lanes") is None):
         raise HwdbError(path, "a PCIe link gives both pcie_gen and lanes, another link neither", entry=label,
                         key="lanes")
