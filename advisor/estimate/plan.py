@@ -377,11 +377,8 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
         speed, cpu = thread_speed(db, settings.host_cpu)
         return Host(f"{settings.vcpus_per_gpu:g} vCPUs per GPU (--vcpus-per-gpu)", settings.vcpus_per_gpu, False,
                     speed, cpu, _pcie_gen(db, settings.host_cpu))
-    local_cpu, _ = this_machine_cpu(db)
-    local = Host("this machine", local_cpus, True, pcie_gen=None if local_cpu is None else local_cpu.pcie_gen,
-                 memory_bytes=physical_memory_bytes())
     if target.local or target.gpu is None:
-        return local
+        return this_machine(db, local_cpus)
     offers = [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
     sized = [o for o in offers if o.gpus_per_instance == JOB_GPUS]
     if sized:
@@ -389,7 +386,7 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
     elif offers:
         offer = min(offers, key=lambda o: (o.vcpus_per_gpu, o.usd_per_gpu_hour))
     else:
-        return replace(local, name="this machine (no instance with this GPU lists its vCPUs)")
+        return this_machine(db, local_cpus, "this machine (no instance with this GPU lists its vCPUs)")
     vcpus = offer.vcpus_per_gpu
     assert vcpus is not None
     cpu_id = settings.host_cpu or offer.host_cpu
@@ -397,6 +394,12 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
     memory = None if offer.host_memory_gb is None else offer.host_memory_gb * GIB / offer.gpus_per_instance
     return Host(f"{offer.provider} {offer.instance} ({vcpus:g} vCPUs per GPU)", vcpus, False, speed, cpu,
                 _pcie_gen(db, cpu_id), memory)
+
+
+def this_machine(db: HardwareDB, cpus: int, name: str = "this machine") -> Host:
+    """This machine as a host: its measured CPUs, its CPU's PCIe generation where known, its memory."""
+    cpu, _ = this_machine_cpu(db)
+    return Host(name, cpus, True, pcie_gen=None if cpu is None else cpu.pcie_gen, memory_bytes=physical_memory_bytes())
 
 
 def _pcie_gen(db: HardwareDB, cpu_id: str | None) -> int | None:

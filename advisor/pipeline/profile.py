@@ -17,7 +17,7 @@ from advisor.pipeline.datasets import pipeline_for
 from advisor.pipeline.machine import fingerprint, mechanics
 from advisor.pipeline.measure import SampleTiming, measure_samples
 from advisor.pipeline.storage import storage_rate
-from advisor.pipeline.stored import read_document, write_document
+from advisor.pipeline.stored import read_recent, write_document
 from advisor.pipeline.supply import PipelineProfile
 from advisor.profile.model_file import ModelFile
 
@@ -75,15 +75,14 @@ def _timing_path(cache: Path, model: ModelFile, kind: str, describe: str) -> Pat
 
 def _stored_timing(path: Path | None, kind: str) -> SampleTiming | None:
     """The timing stored at `path` if it is recent enough for its kind, else None."""
-    body = None if path is None else read_document(path, FORMAT, SCHEMA)
+    body = None if path is None else read_recent(path, FORMAT, SCHEMA, MAX_AGE_S.get(kind, 0.0))
     if body is None:
         return None
     try:
-        age = time.time() - float(body["measured_at"])
         fields = body["timing"]
         timing = SampleTiming(float(fields["sample_s"]), float(fields["collate_s"]), int(fields["batch"]),
                               float(fields["sample_bytes"]), tuple(float(r) for r in fields["rounds_s"]),
                               float(fields["read_bytes"]))
     except (ValueError, KeyError, TypeError):
         return None
-    return timing if 0 <= age <= MAX_AGE_S.get(kind, 0.0) and timing.sample_s > 0 else None
+    return timing if timing.sample_s > 0 else None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.pipeline.measure import spread
-from advisor.pipeline.stored import read_document, write_document
+from advisor.pipeline.stored import read_recent, write_document
 
 FORMAT = "gpu-advisor-storage-rate"
 SCHEMA = 1
@@ -190,15 +190,14 @@ def _stored_path(folder: Path, block: int, depth: int) -> Path:
 
 
 def _load(path: Path) -> StorageRate | None:
-    body = read_document(path, FORMAT, SCHEMA)
+    body = read_recent(path, FORMAT, SCHEMA, MAX_AGE_S)
     if body is None:
         return None
     try:
-        age = time.time() - float(body["measured_at"])
         fields = body["rate"]
         rate = StorageRate(float(fields["read_bytes_per_s"]), int(fields["block_bytes"]), int(fields["depth"]),
                            bool(fields["direct"]), str(fields["folder"]), tuple(float(r) for r in fields["rounds"]),
                            True)
     except (ValueError, KeyError, TypeError):
         return None
-    return rate if 0 <= age <= MAX_AGE_S and rate.read_bytes_per_s > 0 else None
+    return rate if rate.read_bytes_per_s > 0 else None

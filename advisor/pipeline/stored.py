@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,16 @@ def write_document(path: Path, format_name: str, schema: int, body: dict[str, An
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps({"format": format_name, "schema": schema, "body": body,
                                        "checksum": checksum(body)}, indent=1))
+
+
+def read_recent(path: Path, format_name: str, schema: int, max_age_s: float) -> dict[str, Any] | None:
+    """The body stored at `path` (see read_document) if its `measured_at` (time.time() when written) is at
+    most `max_age_s` ago, else None."""
+    body = read_document(path, format_name, schema)
+    if body is None:
+        return None
+    try:
+        age = time.time() - float(body["measured_at"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return body if 0 <= age <= max_age_s else None

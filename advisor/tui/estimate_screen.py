@@ -134,9 +134,7 @@ class EstimateScreen(Screen):
                 yield Label("Frozen base weights")
                 yield Select([(b, b) for b in BASE_WEIGHTS], value=request.base_weights or NO_SELECTION,
                              prompt="default", id="base_weights")
-                with Horizontal(classes="switch-row"):
-                    yield Switch(request.checkpointing, id="checkpointing")
-                    yield Label("checkpointing")
+                yield _switch_row(request.checkpointing, "checkpointing", "checkpointing")
                 yield Label("Micro-batch")
                 yield Input(_text(request.micro_batch), placeholder="none", type="integer", id="micro_batch")
                 yield Label("Samples per epoch")
@@ -158,20 +156,14 @@ class EstimateScreen(Screen):
                 yield Label("Provider")
                 yield Select([(p, p) for p in self.db.providers()], prompt="all providers", value=request.provider
                              or NO_SELECTION, id="provider")
-                with Horizontal(classes="switch-row"):
-                    yield Switch(request.spot, id="spot")
-                    yield Label("spot prices")
-                with Horizontal(classes="switch-row"):
-                    yield Switch(request.local, id="local")
-                    yield Label("this machine")
+                yield _switch_row(request.spot, "spot", "spot prices")
+                yield _switch_row(request.local, "local", "this machine")
                 yield Label("GPU ids (a, b, ...)")
                 yield Input(", ".join(request.gpus), placeholder="every GPU", id="gpus")
                 yield Label("CUDA context (MiB)")
                 yield Input(_text(request.cuda_context_mib), placeholder="the database's", type="number",
                             id="cuda_context_mib")
-                with Horizontal(classes="switch-row"):
-                    yield Switch(request.input_pipeline, id="input_pipeline")
-                    yield Label("input pipeline")
+                yield _switch_row(request.input_pipeline, "input_pipeline", "input pipeline")
                 yield Label("DataLoader workers per GPU")
                 yield Input(_text(request.workers), placeholder="vCPUs per GPU - 1", type="integer", id="workers")
                 yield Label("Host vCPUs per GPU")
@@ -528,6 +520,11 @@ class EstimateScreen(Screen):
 def _chosen(value: object) -> str | None:
     """A Select's value as text, None when nothing is chosen (the default)."""
     return None if value is NO_SELECTION else str(value)
+
+
+def _switch_row(value: bool, switch_id: str, label: str) -> Horizontal:
+    """A switch with its label beside it (the form's on/off settings)."""
+    return Horizontal(Switch(value, id=switch_id), Label(label), classes="switch-row")
 
 
 def _text(value: object) -> str:
