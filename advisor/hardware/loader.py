@@ -83,7 +83,8 @@ GPU_OPTIONAL = (
     "notes",
 )
 OFFER_REQUIRED = ("gpu", "provider", "instance", "gpus_per_instance", "usd_per_gpu_hour", "region", "source")
-OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date", "vcpus", "host_memory_gb", "host_cpu")
+OFFER_OPTIONAL = ("spot_usd_per_gpu_hour", "gpu_only", "notes", "date", "vcpus", "host_memory_gb", "host_cpu",
+                  "interconnect", "network")
 SOURCE_REQUIRED = ("id", "grade", "title", "url")
 OVERHEAD_REQUIRED = ("id", "cuda_context_mib", "cublas_workspace_mib", "sources")
 OVERHEAD_OPTIONAL = ("notes",)
@@ -270,8 +271,9 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
     cpu_ids = {cpu.id for cpu in cpu_records}
     offers = _merge(layers, "offers", "cloud offer", overrides)
     dates = {path: date for layer in layers for path, date in layer.dates.items()}
+    scopes = {i.id: i.scope for i in interconnect_records}
     offer_records = tuple(
-        _build_offer(path, label, raw, gpu_ids, source_ids, dates.get(path), cpu_ids)
+        _build_offer(path, label, raw, gpu_ids, source_ids, dates.get(path), cpu_ids, scopes)
         for path, label, raw in offers.values()
     )
     defaults = _build_defaults(layers, source_ids)
@@ -794,7 +796,9 @@ def _build_offer(
     source_ids: set[str],
     file_date: dt.date | None,
     cpu_ids: set[str],
+    interconnect_scopes: dict[str, str] | None = None,
 ) -> CloudOffer:
+    interconnect_scopes = interconnect_scopes or {}
     _check_keys(path, label, raw, OFFER_REQUIRED, OFFER_OPTIONAL)
     gpu_id = _as_str(path, label, "gpu", raw["gpu"])
     if gpu_id not in gpu_ids:
@@ -818,6 +822,8 @@ def _build_offer(
     if host_cpu is not None and host_cpu not in cpu_ids:
         raise HwdbError(path, f"unknown host CPU {shown(host_cpu)}{_suggest(host_cpu, cpu_ids)}", entry=label,
                         key="host_cpu")
+    links = {key: _offer_link(path, label, raw, key, scope, interconnect_scopes)
+             for key, scope in (("interconnect", "node"), ("network", "network"))}
     gpu_only = raw.get("gpu_only", False)
     if not isinstance(gpu_only, bool):
         raise HwdbError(path, f"must be true or false, got {shown(gpu_only)}", entry=label, key="gpu_only")
@@ -837,7 +843,25 @@ def _build_offer(
         host_cpu=host_cpu,
         vcpus=_optional(raw, "vcpus", lambda v: _as_int(path, label, "vcpus", v)),
         host_memory_gb=_optional(raw, "host_memory_gb", lambda v: _as_number(path, label, "host_memory_gb", v)),
+        interconnect=links["interconnect"],
+        network=links["network"],
     )
+
+
+def _offer_link(path: Path, label: str, raw: dict[str, Any], key: str, scope: str,
+                interconnect_scopes: dict[str, str]) -> str | None:
+    """An offer's `interconnect` (between its GPUs) or `network` (between instances): an interconnect id
+    of that scope."""
+    link = _optional(raw, key, lambda v: _as_str(path, label, key, v))
+    if link is None:
+        return None
+    if link not in interconnect_scopes:
+        raise HwdbError(path, f"unknown interconnect {shown(link)}{_suggest(link, set(interconnect_scopes))}",
+                        entry=label, key=key)
+    if interconnect_scopes[link] != scope:
+        raise HwdbError(path, f"interconnect {shown(link)} has scope {interconnect_scopes[link]}, and this key "
+                        f"needs one of scope {scope}", entry=label, key=key)
+    return link
 
 
 def _build_defaults(layers: Sequence[_Layer], source_ids: set[str]) -> CostDefaults:

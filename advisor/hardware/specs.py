@@ -163,6 +163,11 @@ class CloudOffer:
     alone (the host VM is chosen separately)."""
     host_memory_gb: float | None = None
     """The whole instance's host memory, GB, where listed."""
+    interconnect: str | None = None
+    """The Interconnect id between the instance's GPUs, where the provider documents it (else the GPU's
+    own: advisor.parallel.topology)."""
+    network: str | None = None
+    """The Interconnect id between instances of this type (None: not known, one instance at most)."""
 
     @property
     def vcpus_per_gpu(self) -> float | None:

@@ -26,10 +26,10 @@ from scipy.optimize import curve_fit
 
 from advisor.hardware.specs import Interconnect
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
-BUS_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
-"""Bus bytes per byte of message, times (p - 1) / p."""
+BUS_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+"""Bus bytes per byte of message, times (p - 1) / p (broadcast: times 1, nccl-tests' busbw = algbw)."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,12 @@ class BandwidthCurve:
 def bus_bytes(kind: str, message_bytes: float, ranks: int) -> float:
     """Bytes each rank sends in a ring `kind` of a `message_bytes` message over `ranks` ranks.
 
-    # all-reduce of 1 GB over 8 ranks: 2 x 7/8 x 1 GB = 1.75 GB; all-gather of 1 GB: 7/8 GB
+    # all-reduce of 1 GB over 8 ranks: 2 x 7/8 x 1 GB = 1.75 GB; all-gather of 1 GB: 7/8 GB; broadcast: 1 GB
     """
     assert kind in BUS_FACTOR, kind
     assert ranks >= 1, ranks
+    if kind == "broadcast":
+        return message_bytes if ranks > 1 else 0.0
     return BUS_FACTOR[kind] * (ranks - 1) / ranks * message_bytes
 
 

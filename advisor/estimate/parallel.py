@@ -1,0 +1,175 @@
+"""A traced one-GPU step run data-parallel on several GPUs: each rank's memory, its collectives' time
+and how much of it the compute hides, and the machines (instances) that hold the GPUs. Bytes, seconds.
+
+The trace is the step of one rank (its micro-batch); parallel/strategy.py turns its live memory into a
+rank's and lists its collectives; parallel/collectives.py times them on the link's measured curve.
+Overlap (decisions): DDP's bucket all-reduces and FSDP's backward gathers and reduce-scatters run
+behind the last micro-batch's backward, FSDP's forward gathers behind the forward (each phase hides at
+most its compute, and the largest single collective of a phase is never hidden: the first gather, the
+last bucket); the root's gathers and reduce-scatter and ZeRO-1's parameter broadcast are not hidden.
+A sharded optimizer steps its shard: the optimizer phase takes 1 / shards of its one-GPU time. The
+slowdown of compute that shares the GPU with communication kernels is not modelled yet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from advisor.estimate.step import StepTime
+from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
+from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
+from advisor.parallel.strategy import Collective, Layout, Units, collectives, fsdp_units, per_rank_memory
+from advisor.parallel.topology import node_link
+from advisor.profile.choices import precision_of
+from advisor.profile.live_memory import BEFORE_STEP
+from advisor.profile.trace import StepTrace
+
+COMMUNICATION_BOUND = "communication"
+"""The part of StepTime.by_bound a rank spends waiting for collectives the compute did not hide."""
+
+MAX_NODE_GPUS = 8
+"""GPUs one machine holds where no offer says (an 8-GPU server)."""
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What the strategies need of a traced step: its FSDP units and its bytes."""
+
+    units: Units
+    parameter_bytes: float
+    """Every parameter, as stored (what FSDP gathers)."""
+    gradient_bytes: float
+    """The trainable parameters' gradients (what DDP all-reduces)."""
+    buffer_bytes: float
+    """Buffers (BatchNorm's statistics): what DDP broadcasts before each forward."""
+    trainable_share: float
+    """The share of the weights' bytes that are parameters."""
+
+    @classmethod
+    def of_trace(cls, trace: StepTrace) -> Sharding:
+        assert trace.memory is not None, "the trace recorded no memory"
+        weight_bytes = precision_of(trace.precision).weight_bytes
+        held = sum(s.nbytes for s in trace.memory.storages if s.category == "weights" and s.allocated_at == BEFORE_STEP)
+        parameters = min(float((trace.total_params or trace.params) * weight_bytes), float(held))
+        return cls(fsdp_units(trace.params_by_module), parameters, float(trace.params * weight_bytes),
+                   max(held - parameters, 0.0), parameters / held if held else 1.0)
+
+
+@dataclass(frozen=True)
+class Communication:
+    """One rank's collectives in one optimizer step."""
+
+    bytes_per_step: float
+    """Bytes the rank hands its collectives (all-reduce's buffer, all-gather's output, reduce-scatter's
+    input, broadcast's tensors), summed over the step's calls."""
+    wire_bytes: float
+    """Bytes the rank sends over its links (ring algorithms: bus bytes)."""
+    time_s: float
+    """Time of every collective, overlapped or not."""
+    exposed_s: float
+    """The part of time_s the step waits for (added to the step)."""
+    links: tuple[str, ...]
+    calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes_per_step": self.bytes_per_step, "wire_bytes": self.wire_bytes, "time_s": self.time_s,
+                "exposed_s": self.exposed_s, "links": list(self.links), "calls": self.calls}
+
+
+@dataclass(frozen=True)
+class Machines:
+    """Where `gpus` GPUs run: `nodes` machines of `gpus_per_node`, linked by `node_link` inside and
+    `network` between (interconnect ids), rented as `offer` (None: the user's own machines)."""
+
+    gpus: int
+    gpus_per_node: int
+    node_link: Interconnect
+    network: Interconnect | None
+    offer: CloudOffer | None
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.gpus / self.gpus_per_node)
+
+
+def machines_for(db: HardwareDB, gpu: GPUSpec, gpus: int) -> Machines | str:
+    """The machines that hold `gpus` of `gpu`: an instance of exactly that many, else several instances
+    of the largest size that divides it and has a network, else a larger instance (all of it rented);
+    without offers, one machine of up to MAX_NODE_GPUS cards. A sentence saying why not otherwise."""
+    offers = db.offers_for(gpu.id)
+    by_id = {i.id: i for i in db.interconnects}
+    exact = [o for o in offers if o.gpus_per_instance == gpus]
+    several = [o for o in offers if o.gpus_per_instance < gpus and gpus % o.gpus_per_instance == 0 and o.network]
+    larger = [o for o in offers if o.gpus_per_instance > gpus]
+    for choice in (exact, sorted(several, key=lambda o: (-o.gpus_per_instance, o.usd_per_gpu_hour)), larger):
+        for offer in choice:
+            link = node_link(gpu, min(gpus, offer.gpus_per_instance), offer)
+            if link is not None:
+                network = None if offer.network is None else by_id[offer.network]
+                return Machines(gpus, min(gpus, offer.gpus_per_instance), by_id[link], network, offer)
+    link = node_link(gpu, gpus)
+    if link is None:
+        return f"no multi-GPU machine of {gpu.name} is known"
+    if offers and gpus > max(o.gpus_per_instance for o in offers):
+        return (f"no instance holds {gpus} {gpu.name} and none lists a network between instances; "
+                f"offers hold {', '.join(sorted({str(o.gpus_per_instance) for o in offers}))}")
+    if gpus > MAX_NODE_GPUS:
+        return f"{gpus} {gpu.name} need several machines and no network between them is known"
+    return Machines(gpus, gpus, by_id[link], None, None)
+
+
+def rank_trace(trace: StepTrace, layout: Layout, sharding: Sharding) -> StepTrace:
+    """`trace` with the live memory of one rank of `layout`."""
+    assert trace.memory is not None, "the trace recorded no memory"
+    return replace(trace, memory=per_rank_memory(trace.memory, layout, sharding.units, sharding.trainable_share))
+
+
+def step_collectives(layout: Layout, sharding: Sharding, micro_batches: int) -> list[Collective]:
+    return collectives(layout, sharding.units, sharding.parameter_bytes, sharding.gradient_bytes, micro_batches,
+                       sharding.buffer_bytes)
+
+
+def communication(found: list[Collective], machines: Machines, step: StepTime, micro_batches: int) -> Communication:
+    """Time `found` (step_collectives) on `machines`' links and what `step`'s compute hides of it."""
+    links = {"node": machines.node_link, "network": machines.network or machines.node_link}
+    assert machines.nodes == 1 or machines.network is not None, "several machines need a network"
+    phase_s = {"forward": 0.0, "backward": 0.0}
+    for op in step.ops:
+        if op.phase in phase_s:
+            phase_s[op.phase] += op.kernel_s + op.wait_s
+    window = {"forward": phase_s["forward"] / micro_batches, "backward": phase_s["backward"] / micro_batches}
+    hidden_total = {"forward": 0.0, "backward": 0.0}
+    largest = {"forward": 0.0, "backward": 0.0}
+    total = exposed = 0.0
+    for c in found:
+        curve = fitted_curve(links[c.scope])
+        one = collective_s(c.kind, c.message_bytes, c.ranks, curve)
+        total += one * c.count
+        if c.hidden_behind is None:
+            exposed += one * c.count
+        else:
+            hidden_total[c.hidden_behind] += one * c.count
+            largest[c.hidden_behind] = max(largest[c.hidden_behind], one)
+    for phase, seconds in hidden_total.items():
+        if seconds > 0:
+            exposed += max(seconds - window[phase], largest[phase])
+    used = tuple(dict.fromkeys(links[c.scope].id for c in found))
+    return Communication(sum(c.total_bytes for c in found),
+                         sum(bus_bytes(c.kind, c.message_bytes, c.ranks) * c.count for c in found),
+                         total, exposed, used, sum(c.count for c in found))
+
+
+def sharded_step(step: StepTime, layout: Layout, comm: Communication) -> StepTime:
+    """`step` (one rank's compute) with its optimizer on its shard and the exposed communication added."""
+    by_bound = dict(step.by_bound)
+    saved = 0.0
+    if layout.strategy != "ddp" and layout.shards > 1:
+        for op in step.ops:
+            if op.phase == "optimizer":
+                cut = (op.kernel_s + op.wait_s) * (1 - 1 / layout.shards)
+                by_bound[op.bound] = by_bound.get(op.bound, 0.0) - cut
+                saved += cut
+    by_bound[COMMUNICATION_BOUND] = comm.exposed_s
+    return replace(step, step_s=step.step_s - saved + comm.exposed_s, by_bound=by_bound)

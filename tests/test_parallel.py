@@ -1,0 +1,89 @@
+"""Data-parallel strategies: layouts, DDP buckets, the collectives of a step, machines and their links,
+and the time a rank waits for communication."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.estimate.parallel import Machines, communication, machines_for
+from advisor.estimate.step import OpTime, StepTime
+from advisor.hardware.loader import load_hwdb
+from advisor.parallel.strategy import Layout, Units, collectives, ddp_buckets, per_rank_memory
+from advisor.profile.live_memory import BEFORE_STEP, LiveMemory, StorageLife
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def db():
+    return load_hwdb(include_user_layers=False)
+
+
+def test_layout_shards_per_strategy() -> None:
+    assert Layout("ddp", 8, 8).shards == 1
+    assert Layout("fsdp", 16, 8).shards == 16 and Layout("fsdp", 16, 8).nodes == 2
+    hsdp = Layout("hsdp", 16, 8)  # sharded inside each node, replicated over the 2 nodes
+    assert (hsdp.shards, hsdp.replicas) == (8, 2)
+
+
+def test_ddp_buckets_are_one_mib_then_25() -> None:
+    # 60 MiB: 1 + 25 + 25 + 9 MiB
+    assert ddp_buckets(60 * MIB) == [1 * MIB, 25 * MIB, 25 * MIB, 9 * MIB]
+    assert ddp_buckets(0.5 * MIB) == [0.5 * MIB]
+
+
+def test_fsdp_gathers_twice_and_reduce_scatters_once_per_unit() -> None:
+    units = Units(("0", "1"), (40, 40), 20)  # two blocks of 40 parameters, 20 in the root
+    found = collectives(Layout("fsdp", 4, 8), units, weight_bytes=400.0, gradient_bytes=400.0)
+    by_kind: dict[str, float] = {}
+    for c in found:
+        by_kind[c.kind] = by_kind.get(c.kind, 0.0) + c.total_bytes
+    # gathers: (160 + 160 + 80) bytes forward and again backward = 800; reduce-scatters: 400 once
+    assert by_kind == {"all_gather": 800.0, "reduce_scatter": 400.0}
+    zero2 = collectives(Layout("zero2", 4, 8), units, 400.0, 400.0)
+    assert sum(c.total_bytes for c in zero2 if c.kind == "all_gather") == 400.0  # gathered once
+
+
+def test_ddp_rank_memory_adds_the_buckets_and_fsdp_shards_the_state() -> None:
+    # 1000 B of weights, 2000 B of optimizer state before the step; 1000 B of gradients in the backward
+    storages = (StorageLife(1000, BEFORE_STEP, None, "weights", "w"),
+                StorageLife(2000, BEFORE_STEP, None, "optimizer_state", "s"),
+                StorageLife(1000, 1, 3, "gradients", "g"))
+    memory = LiveMemory(storages, (0, 1, 2, ~2), (BEFORE_STEP, BEFORE_STEP, 1, 3),
+                        {"forward": 0, "backward": 1, "optimizer": 2}, 4)
+    assert memory.peak().bytes == 4000
+    ddp = per_rank_memory(memory, Layout("ddp", 2, 8), Units((), (), 10))
+    assert ddp.peak().bytes == 5000  # + 1000 B of buckets
+    fsdp = per_rank_memory(memory, Layout("fsdp", 2, 8), Units((), (), 10))
+    # shards: 500 + 1000 + 500; the root (all 10 parameters) gathered: + 1000; its unsharded gradients: + 1000
+    assert fsdp.peak().bytes == 500 + 1000 + 500 + 1000 + 1000
+
+
+def test_machines_for_an_hgx_node_a_pcie_box_and_nothing(db) -> None:
+    h100 = machines_for(db, db.gpu("h100-sxm"), 8)
+    assert isinstance(h100, Machines) and h100.node_link.id == "nvlink4-nvswitch" and h100.nodes == 1
+    two_nodes = machines_for(db, db.gpu("h100-sxm"), 16)  # p5 instances over EFA
+    assert isinstance(two_nodes, Machines) and two_nodes.nodes == 2 and two_nodes.network.id == "efa-3200g"
+    box = machines_for(db, db.gpu("rtx-4090"), 4)  # GeForce: no peer-to-peer, through the host
+    assert isinstance(box, Machines) and box.node_link.id == "pcie4-host"
+    assert isinstance(machines_for(db, db.gpu("mi300x"), 8), str)
+
+
+def _step(forward_s: float, backward_s: float) -> StepTime:
+    ops = tuple(OpTime(phase, "m", "mm", "s", "fp32", 0.0, 0, seconds, 0.0, seconds, 0.0, 0.0, "compute")
+                for phase, seconds in
+                (("forward", forward_s), ("backward", backward_s)))
+    return StepTime("x", forward_s + backward_s, {"compute": forward_s + backward_s}, "default", "x", ops)
+
+
+def test_ddp_communication_hides_behind_the_backward_but_for_the_last_bucket(db) -> None:
+    machines = machines_for(db, db.gpu("a100-sxm4-80gb"), 8)
+    assert isinstance(machines, Machines)
+    found = collectives(Layout("ddp", 8, 8), Units((), (), 1), 1e9, 1e9)  # 1 GB of gradients
+    slow = communication(found, machines, _step(0.1, 1.0), 1)  # a long backward hides all but one bucket
+    fast = communication(found, machines, _step(0.001, 0.002), 1)
+    assert slow.time_s == pytest.approx(fast.time_s)
+    assert slow.exposed_s < 0.1 * slow.time_s
+    assert fast.exposed_s == pytest.approx(fast.time_s - 0.002)
+    # 1 GB all-reduced over 8 ranks: 2 x 7/8 GB = 1.75 GB each rank sends
+    assert slow.wire_bytes == pytest.approx(1.75e9)
