@@ -23,7 +23,6 @@ from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
 from advisor.parallel.strategy import Collective, Layout, Units, collectives, fsdp_units, per_rank_memory
 from advisor.parallel.topology import node_link
 from advisor.profile.choices import precision_of
-from advisor.profile.live_memory import BEFORE_STEP
 from advisor.profile.trace import StepTrace
 
 COMMUNICATION_BOUND = "communication"
@@ -44,17 +43,15 @@ class Sharding:
     """The trainable parameters' gradients (what DDP all-reduces)."""
     buffer_bytes: float
     """Buffers (BatchNorm's statistics): what DDP broadcasts before each forward."""
-    trainable_share: float
-    """The share of the weights' bytes that are parameters."""
 
     @classmethod
     def of_trace(cls, trace: StepTrace) -> Sharding:
         assert trace.memory is not None, "the trace recorded no memory"
         weight_bytes = precision_of(trace.precision).weight_bytes
-        held = sum(s.nbytes for s in trace.memory.storages if s.category == "weights" and s.allocated_at == BEFORE_STEP)
+        held = trace.memory.held_at_start("weights")
         parameters = min(float((trace.total_params or trace.params) * weight_bytes), float(held))
         return cls(fsdp_units(trace.params_by_module), parameters, float(trace.params * weight_bytes),
-                   max(held - parameters, 0.0), parameters / held if held else 1.0)
+                   max(held - parameters, 0.0))
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,7 @@ class Communication:
 @dataclass(frozen=True)
 class Machines:
     """Where `gpus` GPUs run: `nodes` machines of `gpus_per_node`, linked by `node_link` inside and
-    `network` between (interconnect ids), rented as `offer` (None: the user's own machines)."""
+    `network` between, rented as `offer` (None: the user's own machines)."""
 
     gpus: int
     gpus_per_node: int
@@ -105,10 +102,11 @@ def machines_for(db: HardwareDB, gpu: GPUSpec, gpus: int) -> Machines | str:
     larger = [o for o in offers if o.gpus_per_instance > gpus]
     for choice in (exact, sorted(several, key=lambda o: (-o.gpus_per_instance, o.usd_per_gpu_hour)), larger):
         for offer in choice:
-            link = node_link(gpu, min(gpus, offer.gpus_per_instance), offer)
+            per_node = min(gpus, offer.gpus_per_instance)
+            link = node_link(gpu, per_node, offer)
             if link is not None:
                 network = None if offer.network is None else by_id[offer.network]
-                return Machines(gpus, min(gpus, offer.gpus_per_instance), by_id[link], network, offer)
+                return Machines(gpus, per_node, by_id[link], network, offer)
     link = node_link(gpu, gpus)
     if link is None:
         return f"no multi-GPU machine of {gpu.name} is known"
@@ -123,7 +121,7 @@ def machines_for(db: HardwareDB, gpu: GPUSpec, gpus: int) -> Machines | str:
 def rank_trace(trace: StepTrace, layout: Layout, sharding: Sharding) -> StepTrace:
     """`trace` with the live memory of one rank of `layout`."""
     assert trace.memory is not None, "the trace recorded no memory"
-    return replace(trace, memory=per_rank_memory(trace.memory, layout, sharding.units, sharding.trainable_share))
+    return replace(trace, memory=per_rank_memory(trace.memory, layout, sharding.units, sharding.parameter_bytes))
 
 
 def step_collectives(layout: Layout, sharding: Sharding, micro_batches: int) -> list[Collective]:

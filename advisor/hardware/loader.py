@@ -796,9 +796,8 @@ def _build_offer(
     source_ids: set[str],
     file_date: dt.date | None,
     cpu_ids: set[str],
-    interconnect_scopes: dict[str, str] | None = None,
+    interconnect_scopes: dict[str, str],
 ) -> CloudOffer:
-    interconnect_scopes = interconnect_scopes or {}
     _check_keys(path, label, raw, OFFER_REQUIRED, OFFER_OPTIONAL)
     gpu_id = _as_str(path, label, "gpu", raw["gpu"])
     if gpu_id not in gpu_ids:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +27,13 @@ from scipy.optimize import curve_fit
 
 from advisor.hardware.specs import Interconnect
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-
-BUS_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
-"""Bus bytes per byte of message, times (p - 1) / p (broadcast: times 1, nccl-tests' busbw = algbw)."""
+BUS_SHARE: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda ranks: 2.0 * (ranks - 1) / ranks,
+    "all_gather": lambda ranks: (ranks - 1) / ranks,
+    "reduce_scatter": lambda ranks: (ranks - 1) / ranks,
+    "broadcast": lambda ranks: 1.0 if ranks > 1 else 0.0,  # nccl-tests: broadcast's busbw is its algbw
+}
+"""Bus bytes each rank sends per byte of message, over `ranks` ranks."""
 
 
 @dataclass(frozen=True)
@@ -57,11 +61,9 @@ def bus_bytes(kind: str, message_bytes: float, ranks: int) -> float:
 
     # all-reduce of 1 GB over 8 ranks: 2 x 7/8 x 1 GB = 1.75 GB; all-gather of 1 GB: 7/8 GB; broadcast: 1 GB
     """
-    assert kind in BUS_FACTOR, kind
+    assert kind in BUS_SHARE, kind
     assert ranks >= 1, ranks
-    if kind == "broadcast":
-        return message_bytes if ranks > 1 else 0.0
-    return BUS_FACTOR[kind] * (ranks - 1) / ranks * message_bytes
+    return BUS_SHARE[kind](ranks) * message_bytes
 
 
 def collective_s(kind: str, message_bytes: float, ranks: int, curve: BandwidthCurve) -> float:

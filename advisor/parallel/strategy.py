@@ -44,7 +44,7 @@ SHARDED = {
 assert set(SHARDED) == set(STRATEGIES)
 
 FULLY_SHARDED = frozenset({"zero2", "fsdp", "hsdp"})
-"""Strategies run by fully_shard (FSDP2): units gathered and reduce-scattered."""
+"""Strategies run by fully_shard (FSDP2): units gathered and reduce-scattered; the others run DDP."""
 
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 """DDP's first gradient bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES)."""
@@ -178,7 +178,7 @@ def collectives(layout: Layout, units: Units, weight_bytes: float, gradient_byte
     scope = "network" if layout.nodes > 1 and strategy != "hsdp" else "node"
     if layout.gpus == 1:
         return []
-    if strategy in ("ddp", "zero1"):
+    if strategy not in FULLY_SHARDED:
         found = [Collective("all_reduce", size, 1, "backward", layout.gpus, scope, "backward")
                  for size in ddp_buckets(gradient_bytes)]
         if buffer_bytes > 0:
@@ -224,11 +224,12 @@ def _merged(found: Sequence[Collective]) -> list[Collective]:
     return list(merged.values())
 
 
-def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units, trainable_share: float = 1.0) -> LiveMemory:
+def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
+                    parameter_bytes: float | None = None) -> LiveMemory:
     """`memory` (one GPU's step) as each rank of `layout` lives it: its sharded categories split over
     the shard ranks, plus DDP's gradient buckets or FSDP's gathered units and unsharded gradients.
-    `trainable_share`: the share of the weights' bytes that are trainable parameters (the rest, frozen
-    weights and buffers, is sharded but has no gradient)."""
+    `parameter_bytes`: what FSDP gathers, the parameters as stored (None: every weight the model holds,
+    buffers included)."""
     if layout.gpus == 1:
         return memory
     strategy, shards = layout.strategy, layout.shards
@@ -236,18 +237,17 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units, trainable_
     storages = [replace(s, nbytes=math.ceil(s.nbytes / shards)) if s.category in sharded else s
                 for s in memory.storages]
     gradient_bytes = memory.total("gradients")
-    weight_bytes = sum(s.nbytes for s in memory.storages if s.category == "weights" and s.allocated_at == BEFORE_STEP)
+    gathered = memory.held_at_start("weights") if parameter_bytes is None else parameter_bytes
     forward = memory.phase_starts.get("forward", 0)
     backward = memory.phase_starts.get("backward", memory.ticks)
     optimizer = memory.phase_starts.get("optimizer", memory.ticks)
     extra: list[StorageLife] = []
-    if strategy in ("ddp", "zero1"):
+    if strategy not in FULLY_SHARDED:
         extra.append(StorageLife(gradient_bytes, BEFORE_STEP, None, "gradients", "(DDP gradient buckets)"))
     else:
         total = max(units.total_params, 1)
         root = units.root_params / total
         block = units.largest_block_params / total
-        gathered = weight_bytes * trainable_share
         if strategy == "zero2":
             extra.append(StorageLife(round(gathered), forward, optimizer, "weight_copies", "(gathered parameters)"))
         else:

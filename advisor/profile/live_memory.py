@@ -154,6 +154,10 @@ class LiveMemory:
         """Bytes of every storage of `category` that lived during the step."""
         return sum(s.nbytes for s in self.storages if s.category == category)
 
+    def held_at_start(self, category: str) -> int:
+        """Bytes of the storages of `category` alive when the step started (the weights the model holds)."""
+        return sum(s.nbytes for s in self.storages if s.category == category and s.allocated_at == BEFORE_STEP)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "peak": self.peak().to_dict(),
