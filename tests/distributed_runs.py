@@ -207,7 +207,10 @@ def _wrapped(model: nn.Module, strategy: str, world: int) -> tuple[nn.Module, to
         return model, torch.optim.AdamW(model.parameters(), foreach=True)
     if strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel
-        wrapped = DistributedDataParallel(model)
+        # init_sync=False: every rank built the same seeded model, and gloo may keep the flattened copy of
+        # the parameters that DDP's start-up broadcast makes alive for as long as the process group lives
+        # (seen in 1 run of 8: one parameter-sized buffer more on one rank), which NCCL frees at once
+        wrapped = DistributedDataParallel(model, init_sync=False)
         if strategy == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
             return wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.AdamW,
