@@ -39,3 +39,6 @@ MAX_WORKERS = 256
 
 MAX_VCPUS_PER_GPU = 1024.0
 """vCPUs per GPU of a host (--vcpus-per-gpu)."""
+
+MAX_NUM_GPUS = 4096
+"""GPUs of one job (--num-gpus): past the largest clusters a job is planned on here."""

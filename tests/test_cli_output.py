@@ -42,7 +42,7 @@ def test_a_pipe_without_columns_gets_every_column(capsys: pytest.CaptureFixture[
     assert code == 0
     header = next(line for line in out.splitlines() if line.split()[:2] == ["#", "Device"])
     assert header.split() == ["#", "Device", "Peak/Mem", "GiB", "Max", "bs", "Step", "Samples/s", "Train", "Bound",
-                              "Cheapest", "cloud", "Job", "$", "Spot", "$", "Buy", "$", "Calib"]
+                              "Cheapest", "cloud", "Job", "$", "Spot", "$", "Buy", "$", "Calib", "GPUs"]
 
 
 @pytest.mark.slow
@@ -58,7 +58,7 @@ def test_csv_has_every_device_and_column(capsys: pytest.CaptureFixture[str], mon
     code, out, _ = run(capsys, "estimate", "mlp", *GPUS, "--format", "csv")
     assert code == 0
     rows = list(csv.reader(io.StringIO(out)))
-    assert rows[0][:3] == ["#", "Device", "Peak/Mem GiB"] and len(rows[0]) == 13
+    assert rows[0][:3] == ["#", "Device", "Peak/Mem GiB"] and len(rows[0]) == 14 and rows[0][-1] == "GPUs"
     assert sorted(row[1] for row in rows[1:]) == sorted(GPUS[1::2])
 
 

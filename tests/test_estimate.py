@@ -285,8 +285,9 @@ def test_plan_arithmetic_and_ranking(mlp_estimate) -> None:
         assert result.time_to_train_s == pytest.approx(2813 * result.step_time_s)
         assert result.throughput == pytest.approx(64 / result.step_time_s)
         for cost in result.cloud:  # the whole instance is rented: an 8-GPU node costs 8 GPU-hours per hour
-            assert cost.cost_usd == pytest.approx(result.time_to_train_s / 3600 * cost.usd_per_hour
-                                                  * cost.gpus_per_instance)
+            assert cost.usd_per_hour == pytest.approx(cost.usd_per_gpu_hour * cost.gpus_per_instance)
+            assert cost.instances == 1 and cost.cost_usd == pytest.approx(result.time_to_train_s / 3600
+                                                                          * cost.usd_per_hour)
         cheapest = result.cheapest()  # only instances of the job's size (one GPU) are rented for it
         assert cheapest is None or (cheapest.gpus_per_instance == 1 and cheapest.cost_usd == min(
             c.cost_usd for c in result.cloud if c.gpus_per_instance == 1))

@@ -477,6 +477,9 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "workers": ("6", "workers", 6),
     "vcpus_per_gpu": ("12", "vcpus_per_gpu", 12.0),
     "host_cpu": ("xeon-8275cl", "host_cpu", "xeon-8275cl"),
+    "num_gpus": ("8", "num_gpus", 8),
+    "parallel": ("fsdp", "parallel", "fsdp"),
+    "tp": (None, "tp", None),  # tensor parallelism is refused until modelled: tests/test_parallel_plan.py
 }
 
 

@@ -19,6 +19,7 @@ from advisor.limits import (
     MAX_JOB_SAMPLES,
     MAX_JOB_TOKENS,
     MAX_LORA_RANK,
+    MAX_NUM_GPUS,
     MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
@@ -68,6 +69,13 @@ class PlanRequest:
     """Stop a trace that takes longer, seconds (0: no limit)."""
     gpus: tuple[str, ...] = ()
     """GPU ids of the database to estimate; (): all of them."""
+    num_gpus: int | None = None
+    """GPUs of each type the job runs on, data-parallel (batch_size is then each GPU's); None: one, with
+    the fewest that fit beside it."""
+    parallel: str = "auto"
+    """How several GPUs share the job: PARALLEL_CHOICES ("auto": the fastest strategy that fits)."""
+    tp: int | None = None
+    """Tensor-parallel degree (--tp K, with --parallel tp)."""
     local: bool = False
     """Also this machine's devices, timed from its calibration."""
     samples: int | None = None
@@ -122,6 +130,7 @@ class PlanRequest:
         _check_whole("tokens", self.tokens, MAX_JOB_TOKENS)
         _check_whole("sequence length", self.seq_len, MAX_SEQ_LEN)
         _check_whole("workers", self.workers, MAX_WORKERS)
+        self._check_parallel()
         _check_positive("vCPUs per GPU", self.vcpus_per_gpu, MAX_VCPUS_PER_GPU)
         if self.vcpus_per_gpu is not None and self.vcpus_per_gpu < 1:
             raise UserError(f"vCPUs per GPU must be at least 1, got {self.vcpus_per_gpu:g}")
@@ -144,6 +153,17 @@ class PlanRequest:
         self._check_adaptation()
         if self.plans not in PLAN_MODES:
             raise UserError(f"unknown --plans '{self.plans}'; choose one of {', '.join(PLAN_MODES)}")
+
+    def _check_parallel(self) -> None:
+        _check_whole("number of GPUs", self.num_gpus, MAX_NUM_GPUS)
+        _check_whole("tensor-parallel degree", self.tp, MAX_NUM_GPUS)
+        if self.parallel not in PARALLEL_CHOICES:
+            raise UserError(f"unknown --parallel '{self.parallel}'; choose one of {', '.join(PARALLEL_CHOICES)}")
+        if self.parallel == "tp" or (self.tp or 1) > 1:
+            raise UserError("tensor parallelism is not modelled yet: use --parallel auto, ddp, zero1, zero2, fsdp "
+                            "or hsdp (data parallel)")
+        if self.parallel != "auto" and (self.num_gpus or 1) == 1:
+            raise UserError(f"--parallel {self.parallel} splits a job over GPUs: give their number with --num-gpus N")
 
     def _check_adaptation(self) -> None:
         _check_whole("LoRA rank", self.lora, MAX_LORA_RANK)
@@ -222,7 +242,8 @@ class PlanRequest:
         from advisor.estimate.plan import EstimateSettings
 
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
-                                self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu)
+                                self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu,
+                                self.num_gpus, self.parallel)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""
@@ -257,6 +278,9 @@ def input_pipeline_default() -> bool:
     "off" (the test suite's setting: a timed pipeline makes figures vary from run to run)."""
     return os.environ.get("GPU_ADVISOR_INPUT_PIPELINE", "on").lower() != "off"
 
+
+PARALLEL_CHOICES = ("auto", "ddp", "zero1", "zero2", "fsdp", "hsdp", "tp")
+"""--parallel (PRODUCT.md): "auto" and parallel.strategy.STRATEGIES (a test compares), and "tp"."""
 
 PLAN_MODES = ("auto", "always", "never")
 """--plans: when the fit advisor searches."""

@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from advisor.app.request import PLAN_MODES, PlanRequest, input_pipeline_default
+from advisor.app.request import PARALLEL_CHOICES, PLAN_MODES, PlanRequest, input_pipeline_default
 from advisor.errors import shorten
 from advisor.estimate.costs import DEFAULT_SAMPLES
 from advisor.limits import (
@@ -23,6 +23,7 @@ from advisor.limits import (
     MAX_JOB_SAMPLES,
     MAX_JOB_TOKENS,
     MAX_LORA_RANK,
+    MAX_NUM_GPUS,
     MAX_SEQ_LEN,
     MAX_TRACE_TIMEOUT_S,
     MAX_USD,
@@ -193,6 +194,16 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-context-mib", type=bounded_float(MAX_CONTEXT_MIB, allow_zero=True), metavar="MIB",
                         help="CUDA context size instead of the database's (e.g. ~1300 for stacks without "
                              "lazy loading, CUDA < 11.7)")
+    gpus = parser.add_argument_group("several GPUs (data parallel; --batch-size is then each GPU's)")
+    gpus.add_argument("--num-gpus", type=bounded_int(MAX_NUM_GPUS), metavar="N",
+                      help="GPUs of each type the job runs on; whole instances are rented, several with a network "
+                           "between them (default: one, and the fewest that fit where one does not)")
+    gpus.add_argument("--parallel", choices=PARALLEL_CHOICES, default="auto",
+                      help="ddp, zero1 (sharded optimizer state), zero2 (and gradients), fsdp (and weights: "
+                           "ZeRO-3, fully_shard), hsdp (fsdp in each node, replicated across nodes); auto: the "
+                           "fastest that fits (default)")
+    gpus.add_argument("--tp", type=bounded_int(MAX_NUM_GPUS), metavar="K",
+                      help="tensor-parallel degree inside a node (with --parallel tp; not modelled yet)")
 
 
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -256,7 +267,8 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         plans=getattr(args, "plans", "auto"),
         input_pipeline=getattr(args, "input_pipeline", None) is not False and input_pipeline_default(),
         workers=getattr(args, "workers", None), vcpus_per_gpu=getattr(args, "vcpus_per_gpu", None),
-        host_cpu=getattr(args, "host_cpu", None),
+        host_cpu=getattr(args, "host_cpu", None), num_gpus=getattr(args, "num_gpus", None),
+        parallel=getattr(args, "parallel", "auto"), tp=getattr(args, "tp", None),
     )
 
 

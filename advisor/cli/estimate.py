@@ -16,6 +16,7 @@ from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
 from advisor.present.format import describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
+from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
 from advisor.present.pipeline import pipeline_line, supply_line
 from advisor.present.plans import plan_lines
 from advisor.present.ranking import SORT_KEYS, sort_results
@@ -109,16 +110,16 @@ def fits_nowhere(estimate: Estimate, request: PlanRequest) -> str:
 def columns(spot: bool, tokens: bool = False) -> list[Column]:
     """The device table's columns; with `spot` the job is priced at spot rates and the other price
     column is on demand; with `tokens` (a sequence model) throughput is in tokens/s. In a narrow
-    terminal the calibration, max batch, spot cost, throughput, purchase price, bound, step time and
-    cheapest offer give way in that order; rank, device, memory, time-to-train and job cost stay (80
-    columns keep the cheapest offer too)."""
+    terminal the calibration, max batch, spot cost, throughput, purchase price, bound, step time,
+    cheapest offer and GPUs (last, so that CSV columns keep their places) give way in that order; rank,
+    device, memory, time-to-train and job cost stay (80 columns keep the cheapest offer too)."""
     return [
         Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
         Column("Step", True, drop_order=7), Column("Tokens/s" if tokens else "Samples/s", True, drop_order=4),
         Column("Train", True),
         Column("Bound", drop_order=6), Column("Cheapest cloud", drop_order=8), Column("Job $", True),
         Column("On-demand $" if spot else "Spot $", True, drop_order=3), Column("Buy $", True, drop_order=5),
-        Column("Calib", drop_order=1),
+        Column("Calib", drop_order=1), Column("GPUs", drop_order=9),
     ]
 
 
@@ -130,7 +131,7 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     calibration = result.target.calibration
     if not result.fits:  # time-to-train is never dropped: what is missing goes there
         short = f"{gib(result.memory.missing_bytes)} GiB short"
-        return ["", result.id, memory, max_batch, "", "", short, "", "", "", "", buy, calibration]
+        return ["", result.id, memory, max_batch, "", "", short, "", "", "", "", buy, calibration, gpus_cell(result)]
     offer = result.cheapest(spot_ranked)  # the offer the job cost is priced on, at the rate shown
     if offer is None:
         where = result.no_offer_reason()
@@ -141,7 +142,7 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
         str(rank), result.id, memory, max_batch, duration(result.step_time_s),
         f"{result.throughput:,.1f}" if result.throughput_tokens_per_s is None else f"{result.throughput_tokens_per_s:,.0f}",
         plan_duration(result.time_to_train_s), result.step.bound, where, money(result.job_cost_usd(spot_ranked)),
-        money(other), buy, calibration,
+        money(other), buy, calibration, gpus_cell(result),
     ]
 
 
@@ -182,6 +183,9 @@ def _header(estimate: Estimate) -> list[str]:
     batch = f"batch {memory.batch_size}"
     if settings.seq_len is not None:
         batch += f" x {settings.seq_len:,} tokens"
+    gpus = settings.num_gpus or 1
+    if gpus > 1:
+        batch += f" per GPU on {gpus} GPUs ({settings.parallel})"
     if memory.accumulate_gradients:
         batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
     options = ", activation checkpointing" if memory.checkpointing else ""
@@ -193,19 +197,54 @@ def _header(estimate: Estimate) -> list[str]:
         f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)"
         f"{'; ' + trace.replication() if trace.replicated_blocks else ''}",
         f"Settings: {batch}, {memory.precision}, {describe_optimizer(memory.optimizer, trace.optimizer_class)}{options}"
-        f"{assumed}; job: {settings.job.describe(memory.batch_size, unit)}",
+        f"{assumed}; job: {settings.job.describe(memory.batch_size * _data_parallel(estimate), unit)}",
         _calibration_line(estimate),
-        "Peak/Mem: peak training memory / device memory (GiB = 2^30 bytes; 'GiB short' in Train: does not "
-        "fit); Step: one optimizer step; Cheapest cloud and Job $: the cheapest 1-GPU instance for the job's "
-        f"hours, {'at spot rates' if settings.spot else 'on demand'} (8-GPU nodes are not rented for a 1-GPU job); "
-        f"{'On-demand $' if settings.spot else 'Spot $: the cheapest spot price where it is lower'}; Buy $: card price",
+        _legend(settings.spot, gpus),
     ]
+
+
+def _data_parallel(estimate: Estimate) -> int:
+    """Ranks that each take a batch (every result of a multi-GPU estimate has the same)."""
+    return max((r.data_parallel for r in estimate.results), default=1)
+
+
+def _legend(spot: bool, gpus: int) -> str:
+    if gpus > 1:
+        gpus_column = (f"GPUs: how many and the strategy (the fastest that fits with --parallel auto); Peak/Mem: "
+                       f"peak training memory of each GPU / its memory")
+        rented = f"the cheapest instances holding exactly {gpus} GPUs, whole instances rented"
+    else:
+        gpus_column = ("GPUs: 1, or 'needs N strategy': the fewest that fit where one is too small (--num-gpus N "
+                       "for their figures); Peak/Mem: peak training memory / device memory")
+        rented = "the cheapest 1-GPU instance (8-GPU nodes are not rented for a 1-GPU job)"
+    return (f"{gpus_column} (GiB = 2^30 bytes; 'GiB short' in Train: does not fit); Step: one optimizer step; "
+            f"Cheapest cloud and Job $: {rented} for the job's hours, {'at spot rates' if spot else 'on demand'}, "
+            f"per hour of all of it; {'On-demand $' if spot else 'Spot $: the cheapest spot price where it is lower'}; "
+            "Buy $: card price")
 
 
 def _footer(estimate: Estimate, request: PlanRequest | None) -> list[str]:
     goals = [] if request is None else goal_lines(estimate, request)
     feeding = [line for line in (supply_line(estimate), pipeline_line(estimate)) if line]
-    return _summary(estimate) + feeding + goals + trace_notes(estimate.trace)
+    return _summary(estimate) + _parallel_lines(estimate) + feeding + goals + trace_notes(estimate.trace)
+
+
+def _parallel_lines(estimate: Estimate) -> list[str]:
+    """The fastest multi-GPU job's configuration; GPUs no machine holds that many of; where nothing fits on
+    one GPU, the fewest GPUs that fit of the fastest type."""
+    lines = []
+    by_time = estimate.by_time()
+    best = by_time[0] if by_time else next(iter(estimate.results), None)
+    if best is not None and best.scaling is not None:
+        lines.append(f"{best.id}: {parallel_line(best)}")
+    if estimate.skipped:
+        lines.append(f"Left out ({len(estimate.skipped)}): " + "; ".join(
+            f"{gpu_id} ({why})" for gpu_id, why in estimate.skipped[:4]) + ("; ..." if len(estimate.skipped) > 4 else ""))
+    scaled = sorted((r for r in estimate.results if r.scale_out is not None),
+                    key=lambda r: (r.scale_out.time_to_train_s, r.id))  # type: ignore[union-attr]
+    if scaled and not by_time:
+        lines.append(f"{scaled[0].id}: {scale_out_line(scaled[0])} (--num-gpus {scaled[0].scale_out.num_gpus})")  # type: ignore[union-attr]
+    return lines
 
 
 def goal_lines(estimate: Estimate, request: PlanRequest) -> list[str]:

@@ -71,25 +71,36 @@ class Job:
 
 @dataclass(frozen=True)
 class CloudCost:
-    """The job rented from one offer. Prices (`usd_per_hour`, `spot_usd_per_hour`) per GPU-hour, as
-    the database gives them; costs of renting the whole instance for the job's hours: a one-GPU job on
-    an 8-GPU node pays for all 8 (nobody rents one GPU of it), so such offers are listed, never the
-    cheapest for it (DeviceEstimate.cheapest)."""
+    """The job rented from one offer: `instances` whole instances of `gpus_per_instance` GPUs for the
+    job's hours. Prices per instance-hour (`usd_per_hour`, `spot_usd_per_hour`, PRODUCT.md) and per
+    GPU-hour as the database gives them. A job on fewer GPUs than an instance holds pays for all of it
+    (nobody rents one GPU of an 8-GPU node), so such offers are listed, never the cheapest for it
+    (DeviceEstimate.cheapest)."""
 
     provider: str
     instance: str
     region: str
     gpus_per_instance: int
+    instances: int
     usd_per_hour: float
     spot_usd_per_hour: float | None
+    usd_per_gpu_hour: float
+    spot_usd_per_gpu_hour: float | None
     cost_usd: float
     spot_cost_usd: float | None
     source: str
     price_date: str
 
+    @property
+    def gpus(self) -> int:
+        """GPUs rented (and paid for)."""
+        return self.instances * self.gpus_per_instance
+
     def rate(self, spot: bool = False) -> float | None:
-        """USD per GPU-hour on demand, or at the spot price (None where the offer has none)."""
-        return self.spot_usd_per_hour if spot else self.usd_per_hour
+        """USD per hour of everything rented (every instance), on demand or at the spot price (None
+        where the offer has none)."""
+        per_instance = self.spot_usd_per_hour if spot else self.usd_per_hour
+        return None if per_instance is None else per_instance * self.instances
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,19 +129,34 @@ class Ownership:
         return asdict(self)
 
 
-def cloud_costs(offers: Sequence[CloudOffer], hours: float) -> list[CloudCost]:
-    """The job on each offer, the whole instance rented for `hours`, cheapest on demand first.
+def instances_for(offer: CloudOffer, gpus: int) -> int | None:
+    """Whole instances of `offer` that hold `gpus` GPUs: one where it holds that many or more, several
+    where its size divides `gpus` and a network links them, else None (it cannot run the job)."""
+    if offer.gpus_per_instance >= gpus:
+        return 1
+    if gpus % offer.gpus_per_instance == 0 and offer.network is not None:
+        return gpus // offer.gpus_per_instance
+    return None
+
+
+def cloud_costs(offers: Sequence[CloudOffer], hours: float, gpus: int = 1) -> list[CloudCost]:
+    """The job of `gpus` GPUs on each offer that can hold it, whole instances rented for `hours`,
+    cheapest on demand first.
 
     # 10 h at 2.00 USD/GPU-hour on demand, 0.80 spot, 1 GPU: 20.00 USD and 8.00 USD; on an 8-GPU
     # instance at the same rates: 8 x 20.00 = 160.00 USD and 64.00 USD
+    # 16 GPUs on 8-GPU instances with a network: 2 instances x 8 x 2.00 x 10 h = 320.00 USD
     """
-    costs = [
-        CloudCost(o.provider, o.instance, o.region, o.gpus_per_instance, o.usd_per_gpu_hour, o.spot_usd_per_gpu_hour,
-                  hours * o.usd_per_gpu_hour * o.gpus_per_instance,
-                  None if o.spot_usd_per_gpu_hour is None else hours * o.spot_usd_per_gpu_hour * o.gpus_per_instance,
-                  o.source, o.date.isoformat())
-        for o in offers
-    ]
+    costs = []
+    for o in offers:
+        count = instances_for(o, gpus)
+        if count is None:
+            continue
+        per_instance = o.usd_per_gpu_hour * o.gpus_per_instance
+        spot = None if o.spot_usd_per_gpu_hour is None else o.spot_usd_per_gpu_hour * o.gpus_per_instance
+        costs.append(CloudCost(o.provider, o.instance, o.region, o.gpus_per_instance, count, per_instance, spot,
+                               o.usd_per_gpu_hour, o.spot_usd_per_gpu_hour, hours * per_instance * count,
+                               None if spot is None else hours * spot * count, o.source, o.date.isoformat()))
     return sorted(costs, key=lambda c: (c.cost_usd, c.provider, c.instance))
 
 
@@ -140,12 +166,13 @@ def electricity_usd(power_watts: float, hours: float, usd_per_kwh: float) -> flo
 
 
 def ownership(gpu: GPUSpec, hours: float, usd_per_kwh: float, cheapest_rent_usd_per_hour: float | None,
-              ) -> Ownership | None:
-    """Owning `gpu` for a job of `hours`; None when the database has no price for it."""
-    purchase = gpu.purchase_usd
-    if purchase is None:
+              cards: int = 1) -> Ownership | None:
+    """Owning `cards` of `gpu` for a job of `hours` (against renting as many at
+    `cheapest_rent_usd_per_hour` in all); None when the database has no price for it."""
+    if gpu.purchase_usd is None:
         return None
-    power = gpu.tdp_watts
+    purchase = gpu.purchase_usd * cards
+    power = None if gpu.tdp_watts is None else gpu.tdp_watts * cards
     electricity = None if power is None else electricity_usd(power, hours, usd_per_kwh)
     break_even = None
     if cheapest_rent_usd_per_hour is not None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
+from advisor.memory.estimate import BatchMemoryModel, StepMemory
 from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
 from advisor.parallel.strategy import Collective, Layout, Units, collectives, fsdp_units, per_rank_memory
 from advisor.parallel.topology import node_link
@@ -30,6 +31,12 @@ COMMUNICATION_BOUND = "communication"
 
 MAX_NODE_GPUS = 8
 """GPUs one machine holds where no offer says (an 8-GPU server)."""
+
+MAX_SCALE_OUT_GPUS = 512
+"""The most GPUs the smallest-fit search tries (64 nodes of 8)."""
+
+NODE_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
+"""What "auto" tries inside one node; across nodes hsdp too (fsdp inside each node)."""
 
 
 @dataclass(frozen=True)
@@ -93,29 +100,160 @@ class Machines:
 
 def machines_for(db: HardwareDB, gpu: GPUSpec, gpus: int) -> Machines | str:
     """The machines that hold `gpus` of `gpu`: an instance of exactly that many, else several instances
-    of the largest size that divides it and has a network, else a larger instance (all of it rented);
-    without offers, one machine of up to MAX_NODE_GPUS cards. A sentence saying why not otherwise."""
+    of the largest size that divides it and has a network, else the user's own machine of up to
+    MAX_NODE_GPUS cards (no larger instance is rented for fewer GPUs than it holds). A sentence saying
+    why not otherwise."""
     offers = db.offers_for(gpu.id)
     by_id = {i.id: i for i in db.interconnects}
     exact = [o for o in offers if o.gpus_per_instance == gpus]
     several = [o for o in offers if o.gpus_per_instance < gpus and gpus % o.gpus_per_instance == 0 and o.network]
-    larger = [o for o in offers if o.gpus_per_instance > gpus]
-    for choice in (exact, sorted(several, key=lambda o: (-o.gpus_per_instance, o.usd_per_gpu_hour)), larger):
-        for offer in choice:
-            per_node = min(gpus, offer.gpus_per_instance)
-            link = node_link(gpu, per_node, offer)
-            if link is not None:
-                network = None if offer.network is None else by_id[offer.network]
-                return Machines(gpus, per_node, by_id[link], network, offer)
+    for offer in exact + sorted(several, key=lambda o: (-o.gpus_per_instance, o.usd_per_gpu_hour)):
+        per_node = min(gpus, offer.gpus_per_instance)
+        link = node_link(gpu, per_node, offer)
+        if link is not None:
+            network = None if offer.network is None else by_id[offer.network]
+            return Machines(gpus, per_node, by_id[link], network, offer)
     link = node_link(gpu, gpus)
     if link is None:
         return f"no multi-GPU machine of {gpu.name} is known"
-    if offers and gpus > max(o.gpus_per_instance for o in offers):
-        return (f"no instance holds {gpus} {gpu.name} and none lists a network between instances; "
-                f"offers hold {', '.join(sorted({str(o.gpus_per_instance) for o in offers}))}")
     if gpus > MAX_NODE_GPUS:
-        return f"{gpus} {gpu.name} need several machines and no network between them is known"
+        sizes = sorted({o.gpus_per_instance for o in offers})
+        offered = f"; its instances hold {', '.join(map(str, sizes))}" if sizes else ""
+        return f"{gpus} {gpu.name} need several machines and no network between them is known{offered}"
     return Machines(gpus, gpus, by_id[link], None, None)
+
+
+def scale_out_counts(db: HardwareDB, gpu: GPUSpec) -> list[int]:
+    """GPU counts above one to try for a job one `gpu` cannot hold, fewest first: the multi-GPU instance
+    sizes offered and whole multiples of the largest one with a network (up to MAX_SCALE_OUT_GPUS);
+    where no multi-GPU instance is offered, the user's own machine of 2, 4 or 8 cards."""
+    offers = db.offers_for(gpu.id)
+    counts = {o.gpus_per_instance for o in offers if o.gpus_per_instance > 1}
+    networked = [o.gpus_per_instance for o in offers if o.network is not None]
+    if networked:
+        size = max(networked)
+        nodes = 2
+        while size * nodes <= MAX_SCALE_OUT_GPUS:
+            counts.add(size * nodes)
+            nodes *= 2
+    return sorted(counts) or [2, 4, MAX_NODE_GPUS]
+
+
+def communicator_bytes(db: HardwareDB, machines: Machines) -> int:
+    """NCCL's buffers on each GPU of `machines` (outside torch's allocator): its node link's measured
+    figure, else the largest measured one (hwdb/README.md: an upper bound for slower links), plus the
+    network's communicator across nodes."""
+    measured = [i.communicator_bytes for i in db.interconnects if i.communicator_bytes is not None]
+    fallback = max(measured, default=0)
+    links = [machines.node_link] + ([machines.network] if machines.nodes > 1 and machines.network else [])
+    return sum(fallback if link.communicator_bytes is None else link.communicator_bytes for link in links)
+
+
+def strategies_for(parallel: str, nodes: int) -> tuple[str, ...]:
+    """The strategies --parallel `parallel` lets a job over `nodes` machines run: all of them for "auto"
+    (hsdp only across nodes), else the one asked for."""
+    if parallel == "auto":
+        return NODE_STRATEGIES + (("hsdp",) if nodes > 1 else ())
+    return (parallel,)
+
+
+class LayoutMemory:
+    """Each rank's device-independent memory per layout, from the step traced at its batch (and, for the
+    batch line, at twice it): the rank's re-played live memory through the allocator, once per layout."""
+
+    def __init__(self, trace: StepTrace, second: StepTrace) -> None:
+        self.trace, self.second = trace, second
+        self.sharding = Sharding.of_trace(trace)
+        self._second_sharding = Sharding.of_trace(second)
+        self._steps: dict[tuple[str, int, int], StepMemory] = {}
+        self._lines: dict[tuple[str, int, int], BatchMemoryModel] = {}
+
+    @staticmethod
+    def _key(layout: Layout) -> tuple[str, int, int]:
+        per_node = layout.gpus_per_node if layout.strategy == "hsdp" else 0  # only hsdp's shards depend on it
+        return layout.strategy, layout.gpus, per_node
+
+    def step(self, layout: Layout) -> StepMemory:
+        """One rank's memory at the traced batch."""
+        key = self._key(layout)
+        if key not in self._steps:
+            self._steps[key] = StepMemory.of_trace(rank_trace(self.trace, layout, self.sharding))
+        return self._steps[key]
+
+    def batch_model(self, layout: Layout) -> BatchMemoryModel:
+        """One rank's memory against its batch (the second trace re-played only when asked)."""
+        key = self._key(layout)
+        if key not in self._lines:
+            second = StepMemory.of_trace(rank_trace(self.second, layout, self._second_sharding))
+            self._lines[key] = BatchMemoryModel(self.step(layout), second)
+        return self._lines[key]
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A strategy tried for a multi-GPU job: whether it fits, its peak per GPU, its step."""
+
+    strategy: str
+    fits: bool
+    peak_memory_bytes: int
+    step_time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "fits": self.fits, "peak_memory_bytes": self.peak_memory_bytes,
+                "step_time_s": self.step_time_s}
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How a job runs on several GPUs of one type: the layout, the machines, each rank's communication,
+    the one-GPU step it scales from, and why this strategy."""
+
+    layout: Layout
+    machines: Machines
+    communication: Communication
+    single_step_s: float
+    """One GPU's step of the same per-GPU batch (its compute, the whole optimizer): scaling's baseline."""
+    reason: str
+    alternatives: tuple[Alternative, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.gpus
+
+    def efficiency(self, step_s: float) -> float:
+        """N-GPU throughput over N x one GPU's (the per-GPU batch is the same): single step / rank step."""
+        return self.single_step_s / step_s
+
+    def describe(self) -> str:
+        """"8 GPUs (1 node, nvlink4-nvswitch), fsdp"."""
+        nodes = self.machines.nodes
+        where = f"{nodes} node{'s' if nodes > 1 else ''}, {self.machines.node_link.id}"
+        if nodes > 1 and self.machines.network is not None:
+            where += f" + {self.machines.network.id}"
+        return f"{self.gpus} GPUs ({where}), {self.layout.strategy}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.layout.to_dict() | {"reason": self.reason, "gpus_per_node": self.machines.gpus_per_node,
+                                        "node_link": self.machines.node_link.id,
+                                        "network": None if self.machines.network is None else self.machines.network.id,
+                                        "alternatives": [a.to_dict() for a in self.alternatives]}
+
+
+def choice_reason(parallel: str, chosen: Alternative, alternatives: list[Alternative]) -> str:
+    """Why `chosen`: asked for, the fastest that fits, or (none fits) the one closest to fitting."""
+    if parallel != "auto":
+        return f"--parallel {parallel}"
+    others = [a for a in alternatives if a is not chosen]
+    if not chosen.fits:
+        return "none fits; the least memory per GPU"
+    too_big = [a.strategy for a in others if not a.fits]
+    slower = [a.strategy for a in others if a.fits]
+    parts = ["the fastest that fits"]
+    if slower:
+        parts.append(f"{', '.join(slower)} slower")
+    if too_big:
+        parts.append(f"{', '.join(too_big)} do{'es' if len(too_big) == 1 else ''} not fit")
+    return "; ".join(parts)
 
 
 def rank_trace(trace: StepTrace, layout: Layout, sharding: Sharding) -> StepTrace:

@@ -8,8 +8,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from advisor.estimate.costs import SECONDS_PER_HOUR, CloudCost, Job, Ownership, cloud_costs, ownership, pareto_front
+from advisor.estimate.costs import (
+    SECONDS_PER_HOUR,
+    CloudCost,
+    Job,
+    Ownership,
+    cloud_costs,
+    instances_for,
+    ownership,
+    pareto_front,
+)
+from advisor.estimate.parallel import (
+    Alternative,
+    LayoutMemory,
+    Machines,
+    Scaling,
+    choice_reason,
+    communication,
+    communicator_bytes,
+    machines_for,
+    scale_out_counts,
+    sharded_step,
+    step_collectives,
+    strategies_for,
+)
 from advisor.estimate.step import Chunks, StepTime, chunks_of, estimate_accumulated, estimate_chunks
+from advisor.errors import UserError
 from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.units import GIB
@@ -23,18 +47,15 @@ from advisor.estimate.ops import DTYPE_FALLBACK
 from advisor.profile.choices import precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
+from advisor.parallel.strategy import Layout
 from advisor.profile.trace import StepTrace
-
-JOB_GPUS = 1
-"""GPUs a job uses: one, until multi-GPU jobs are planned (issue #25); instances with more are listed
-but not rented for it."""
 
 Progress = Callable[[str], None]
 
 
-def job_sized(costs: Sequence[CloudCost]) -> list[CloudCost]:
-    """The offers of instances with as many GPUs as the job uses (JOB_GPUS)."""
-    return [c for c in costs if c.gpus_per_instance == JOB_GPUS]
+def job_sized(costs: Sequence[CloudCost], gpus: int = 1) -> list[CloudCost]:
+    """The offers whose rented instances hold exactly the job's `gpus` (larger ones are listed, not rented)."""
+    return [c for c in costs if c.gpus == gpus]
 
 
 @dataclass(frozen=True)
@@ -57,10 +78,34 @@ class DeviceEstimate:
     input_supply: InputSupply | None = None
     """The input pipeline on this GPU's host against what the GPU consumes (None: not assessed); when it
     cannot keep up, `step` includes the wait (its "input" part)."""
+    scaling: Scaling | None = None
+    """The job on several GPUs (None: one); `memory` and `step` are then each GPU's."""
+    scale_out: DeviceEstimate | None = None
+    """Without --num-gpus, where one GPU is too small: the fewest GPUs of this type that fit (None: one
+    fits, or no machine of this GPU holds the job)."""
 
     @property
     def id(self) -> str:
         return self.target.id
+
+    @property
+    def num_gpus(self) -> int:
+        return 1 if self.scaling is None else self.scaling.gpus
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each take `batch_size` samples per step."""
+        return 1 if self.scaling is None else self.scaling.layout.dp
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over every GPU."""
+        return self.batch_size * self.data_parallel
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        """N-GPU throughput / (N x one GPU's); None on one GPU."""
+        return None if self.scaling is None else self.scaling.efficiency(self.step.step_s)
 
     @property
     def throughput_tokens_per_s(self) -> float | None:
@@ -86,8 +131,8 @@ class DeviceEstimate:
 
     @property
     def throughput(self) -> float:
-        """Samples per second."""
-        return self.batch_size / self.step.step_s
+        """Samples per second over every GPU."""
+        return self.global_batch_size / self.step.step_s
 
     @property
     def time_to_train_s(self) -> float:
@@ -95,8 +140,8 @@ class DeviceEstimate:
 
     @property
     def job_sized_offers(self) -> list[CloudCost]:
-        """Offers of instances with as many GPUs as the job uses (JOB_GPUS): the ones it would rent."""
-        return job_sized(self.cloud)
+        """Offers whose instances hold exactly the job's GPUs: the ones it would rent."""
+        return job_sized(self.cloud, self.num_gpus)
 
     def cheapest(self, spot: bool = False) -> CloudCost | None:
         """The cheapest job-sized offer for the job, on demand or spot; None where there is none."""
@@ -113,7 +158,7 @@ class DeviceEstimate:
 
     def no_offer_reason(self) -> str:
         """Why the job has no price: "no 1-GPU offer" where only larger instances are offered, else "-"."""
-        return f"no {JOB_GPUS}-GPU offer" if self.cloud and not self.job_sized_offers else "-"
+        return f"no {self.num_gpus}-GPU offer" if self.cloud and not self.job_sized_offers else "-"
 
     def job_cost_usd(self, spot: bool = False) -> float | None:
         offer = self.cheapest(spot)
@@ -153,7 +198,33 @@ class DeviceEstimate:
             "ownership": None if self.owning is None or not fits else self.owning.to_dict(),
             "top_ops": self.step.top_ops(top_ops) if fits else [],
             "input_pipeline": None if self.input_supply is None or not fits else self.input_supply.to_dict(),
+            **self._parallel_dict(fits),
         }
+
+    def _parallel_dict(self, fits: bool) -> dict[str, Any]:
+        """PRODUCT.md's multi-GPU fields, and the smallest multi-GPU job that fits where one GPU does not."""
+        scaling = self.scaling
+        single = {"strategy": "single", "dp": 1, "tp": 1}
+        return {
+            "num_gpus": self.num_gpus,
+            "nodes": 1 if scaling is None else scaling.machines.nodes,
+            "global_batch_size": self.global_batch_size,
+            "parallel": single if scaling is None else scaling.to_dict(),
+            "communication": None if scaling is None else scaling.communication.to_dict(),
+            "scaling_efficiency": self.scaling_efficiency if fits else None,
+            "smallest_fit": None if self.scale_out is None else self.scale_out.summary(),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The few figures of a job that names its configuration (the smallest-fit column)."""
+        offer = self.cheapest()
+        return {"num_gpus": self.num_gpus, "nodes": 1 if self.scaling is None else self.scaling.machines.nodes,
+                "parallel": None if self.scaling is None else self.scaling.layout.strategy,
+                "fits": self.fits, "peak_memory_bytes": self.memory.peak_bytes, "step_time_s": self.step_time_s,
+                "time_to_train_s": self.time_to_train_s, "throughput_samples_per_s": self.throughput,
+                "scaling_efficiency": self.scaling_efficiency,
+                "instance": None if offer is None else f"{offer.provider} {offer.instance}",
+                "instances": None if offer is None else offer.instances, "cost_usd": self.job_cost_usd()}
 
 
 @dataclass(frozen=True)
@@ -175,6 +246,11 @@ class EstimateSettings:
     """The host's vCPUs per GPU for every GPU (None: each GPU's priced instance, else this machine)."""
     host_cpu: str | None = None
     """The host's CPU for every GPU (a HostCPU id; None: each GPU's instance's, else as fast as this one)."""
+    num_gpus: int | None = None
+    """GPUs of each type the job runs on (None: one, with the fewest that fit beside it); batch_size is
+    then each GPU's."""
+    parallel: str = "auto"
+    """How several GPUs share the job (estimate.parallel.PARALLEL_CHOICES): "auto" picks the fastest that fits."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
@@ -194,7 +270,8 @@ class EstimateSettings:
             "checkpointing": self.memory.checkpointing,
             "micro_batch": self.memory.micro_batch,
             "spot": self.spot,
-            "num_gpus": 1,
+            "num_gpus": self.num_gpus or 1,
+            "parallel": self.parallel,
             "lora": adaptation.lora_rank,
             "lora_targets": list(adaptation.lora_targets),
             "base_weights": adaptation.base_weights,
@@ -219,6 +296,8 @@ class Estimate:
     estimate of the same step on other devices, prices or job can reuse."""
     pipeline: PipelineProfile | None = field(default=None, repr=False, compare=False)
     """The input pipeline as measured on this machine (None: not assessed)."""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """GPUs left out of a multi-GPU estimate, each with why (no machine holds that many of them)."""
 
     @property
     def fitting(self) -> list[DeviceEstimate]:
@@ -297,6 +376,7 @@ class Estimate:
             "coverage": coverage_of(trace).to_dict(),
             "trace": trace_summary(trace),
             "input_pipeline": None if self.pipeline is None else self.pipeline.to_dict(),
+            "skipped": [{"gpu_id": gpu_id, "reason": why} for gpu_id, why in self.skipped],
         }
 
 
@@ -323,33 +403,90 @@ def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...
 
 
 def estimate_device(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, memory: DeviceMemory,
-                    db: HardwareDB, lowered: Chunks | None = None,
-                    pipeline: PipelineProfile | None = None) -> DeviceEstimate:
-    """Step time, job length and money of one device (`lowered`: as step_time); on a GPU, with the wait
-    for its input `pipeline` where that cannot keep up."""
-    step = step_time(trace, settings.memory, target, lowered)
+                    db: HardwareDB, lowered: Chunks | None = None, pipeline: PipelineProfile | None = None,
+                    scaling: Scaling | None = None, step: StepTime | None = None) -> DeviceEstimate:
+    """Step time, job length and money of one device (`lowered`: as step_time), or of `scaling`'s GPUs
+    of its type with `step` each rank's; on a GPU, with the wait for its input `pipeline` where that
+    cannot keep up."""
+    if step is None:
+        step = step_time(trace, settings.memory, target, lowered)
+    gpus = 1 if scaling is None else scaling.gpus
     batch = settings.memory.batch_size
     supply = None
     if pipeline is not None and target.device.kind == "gpu" and memory.fits:
-        host = host_for(target, db, settings, pipeline.mechanics.cpus)
+        host = host_for(target, db, settings, pipeline.mechanics.cpus, gpus)
         loader_batch = settings.memory.micro_batch or batch
         feed = feed_for(pipeline, host, target, db, settings)
         supply = input_supply(pipeline, host, loader_batch, batch, step.step_s + feed.copy_s, settings.workers,
                               feed)
         step = step.with_input(feed.copy_s + supply.wait_s)
-    steps = settings.job.steps_for(batch)
+    steps = settings.job.steps_for(batch * (1 if scaling is None else scaling.layout.dp))
     hours = steps * step.step_s / SECONDS_PER_HOUR
     gpu = target.gpu
     costs: tuple[CloudCost, ...] = ()
     owning = None
     if gpu is not None:
-        costs = tuple(cloud_costs(db.offers_for(gpu.id), hours))
-        cheapest = min((c.usd_per_hour for c in job_sized(costs)), default=None)
-        owning = ownership(gpu, hours, db.defaults.electricity_usd_per_kwh, cheapest)
+        costs = tuple(cloud_costs(db.offers_for(gpu.id), hours, gpus))
+        cheapest = min((c.rate() or 0.0 for c in job_sized(costs, gpus)), default=None)
+        owning = ownership(gpu, hours, db.defaults.electricity_usd_per_kwh, cheapest, gpus)
     micro = trace.flops() - trace.flops("optimizer")
-    step_flops = micro * settings.memory.accumulation_steps + trace.flops("optimizer")
+    shards = 1 if scaling is None or scaling.layout.strategy == "ddp" else scaling.layout.shards
+    step_flops = micro * settings.memory.accumulation_steps + trace.flops("optimizer") / shards
     return DeviceEstimate(target, memory, step, batch, steps, costs, owning, step_flops,
-                          peak_flops(target, settings.memory.precision), settings.seq_len, supply)
+                          peak_flops(target, settings.memory.precision), settings.seq_len, supply, scaling)
+
+
+def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
+                      machines: Machines, layouts: LayoutMemory, strategies: Sequence[str],
+                      lowered: Chunks | None = None, pipeline: PipelineProfile | None = None) -> DeviceEstimate:
+    """The job on `machines`' GPUs of `target`'s type: each of `strategies` sized and timed per rank (the
+    trace is one rank's micro-batch), the fastest that fits kept (none fits: the one with the least memory
+    per GPU), the others listed beside it."""
+    single = step_time(trace, settings.memory, target, lowered)
+    micro_batches = settings.memory.accumulation_steps
+    nccl = communicator_bytes(db, machines)
+    context = settings.memory.cuda_context_bytes
+    tried = []
+    for strategy in strategies:
+        layout = Layout(strategy, machines.gpus, machines.gpus_per_node)
+        memory = device_memory(layouts.step(layout), target, target.memory_overhead, None, context, nccl)
+        comm = communication(step_collectives(layout, layouts.sharding, micro_batches), machines, single,
+                             micro_batches)
+        tried.append((layout, memory, comm, sharded_step(single, layout, comm)))
+    alternatives = [Alternative(layout.strategy, memory.fits, memory.peak_bytes, step.step_s)
+                    for layout, memory, _, step in tried]
+    fitting = [i for i, a in enumerate(alternatives) if a.fits]
+    if fitting:
+        best = min(fitting, key=lambda i: (alternatives[i].step_time_s, i))
+    else:
+        best = min(range(len(tried)), key=lambda i: (alternatives[i].peak_memory_bytes, i))
+    layout, _, comm, step = tried[best]
+    memory = device_memory(layouts.step(layout), target, target.memory_overhead, layouts.batch_model(layout), context,
+                           nccl)  # with the largest batch that fits
+    scaling = Scaling(layout, machines, comm, single.step_s,
+                      choice_reason(settings.parallel, alternatives[best], alternatives), tuple(alternatives))
+    return estimate_device(trace, settings, target, memory, db, lowered, pipeline, scaling, step)
+
+
+def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
+                 layouts: LayoutMemory, lowered: Chunks | None = None,
+                 pipeline: PipelineProfile | None = None) -> DeviceEstimate | None:
+    """The fewest GPUs of `target`'s type that hold the job (estimate.parallel.scale_out_counts), with the
+    strategy --parallel allows that runs it fastest; None where no machine of them does. A count is
+    estimated in full only once its leanest strategy (fsdp, or the one asked for) fits."""
+    gpu = target.gpu
+    assert gpu is not None
+    for count in scale_out_counts(db, gpu):
+        machines = machines_for(db, gpu, count)
+        if isinstance(machines, str):
+            continue
+        strategies = strategies_for(settings.parallel, machines.nodes)
+        lean = "fsdp" if "fsdp" in strategies else strategies[-1]
+        memory = device_memory(layouts.step(Layout(lean, count, machines.gpus_per_node)), target, target.memory_overhead, None, settings.memory.cuda_context_bytes,
+                               communicator_bytes(db, machines))
+        if memory.fits:
+            return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline)
+    return None
 
 
 def feed_for(pipeline: PipelineProfile, host: Host, target: EstimateTarget, db: HardwareDB,
@@ -368,9 +505,10 @@ def feed_for(pipeline: PipelineProfile, host: Host, target: EstimateTarget, db: 
                 read_bytes_per_sample=read)
 
 
-def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings, local_cpus: int) -> Host:
+def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings, local_cpus: int,
+             gpus: int = 1) -> Host:
     """Where `target`'s batches are prepared: --vcpus-per-gpu's host; this machine for a local GPU; the
-    instance of the GPU's cheapest 1-GPU offer that lists its vCPUs, else of any offer that does (the
+    instance of the GPU's cheapest offer of the job's `gpus` that lists its vCPUs, else of any offer that does (the
     fewest vCPUs per GPU), its threads as fast as its CPU's published single-thread score says against
     this machine's (pipeline.hosts); else this machine (a GPU bought goes into the user's own)."""
     if settings.vcpus_per_gpu is not None:
@@ -380,7 +518,7 @@ def host_for(target: EstimateTarget, db: HardwareDB, settings: EstimateSettings,
     if target.local or target.gpu is None:
         return this_machine(db, local_cpus)
     offers = [o for o in db.offers_for(target.gpu.id) if o.vcpus_per_gpu is not None]
-    sized = [o for o in offers if o.gpus_per_instance == JOB_GPUS]
+    sized = [o for o in offers if o.gpus_per_instance * (instances_for(o, gpus) or 0) == gpus]
     if sized:
         offer = min(sized, key=lambda o: o.usd_per_gpu_hour)
     elif offers:
@@ -443,13 +581,31 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     # A CPU has no caching allocator: its peak is the tensors' peak.
     cpu_step = replace(cpu_step, allocated=cpu_step.tensor_peak, reserved=cpu_step.tensor_peak)
     lowered = chunks_of(trace.records, trace.repeats, gpu=True)  # once for every GPU
+    layouts = LayoutMemory(trace, second)
+    skipped: list[tuple[str, str]] = []
+    gpus = settings.num_gpus
     for target in targets:
-        if target.device.kind == "gpu":
-            memory = device_memory(step, target, target.memory_overhead, batch_model,
-                                   memory_settings.cuda_context_bytes)
-            results.append(estimate_device(trace, settings, target, memory, db, lowered, pipeline))
-        else:
+        if target.device.kind != "gpu":
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
             results.append(estimate_device(cpu_trace, settings, target, memory, db))
+            continue
+        spread = target.gpu is not None and not target.local  # this machine's GPUs run alone
+        if gpus is not None and gpus > 1 and spread:
+            assert target.gpu is not None
+            machines = machines_for(db, target.gpu, gpus)
+            if isinstance(machines, str):
+                skipped.append((target.id, machines))
+                continue
+            results.append(estimate_parallel(trace, settings, target, db, machines, layouts,
+                                             strategies_for(settings.parallel, machines.nodes), lowered, pipeline))
+            continue
+        memory = device_memory(step, target, target.memory_overhead, batch_model, memory_settings.cuda_context_bytes)
+        result = estimate_device(trace, settings, target, memory, db, lowered, pipeline)
+        if gpus is None and spread and not memory.fits:
+            result = replace(result, scale_out=smallest_fit(trace, settings, target, db, layouts, lowered, pipeline))
+        results.append(result)
+    if not results and skipped:
+        raise UserError(f"no machine runs {gpus} of the GPUs asked for: " +
+                        "; ".join(f"{gpu_id}: {why}" for gpu_id, why in skipped[:3]))
     return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh, second,
-                    pipeline)
+                    pipeline, tuple(skipped))

@@ -93,7 +93,7 @@ HOST_CPU_OPTIONAL = ("match", "cpuid_family", "pcie_gen", "notes")
 HOST_LINK_REQUIRED = ("id", "host_to_device_gbps", "sources")
 HOST_LINK_OPTIONAL = ("pcie_gen", "lanes", "notes")
 INTERCONNECT_REQUIRED = ("id", "name", "scope", "busbw_gbps_by_message_mib", "sources")
-INTERCONNECT_OPTIONAL = ("half_bandwidth_mib", "notes")
+INTERCONNECT_OPTIONAL = ("half_bandwidth_mib", "communicator_mib", "notes")
 INTERCONNECT_SCOPES = ("node", "network")
 MIN_FITTED_POINTS = 2
 """Measured message sizes that fix an interconnect's curve without half_bandwidth_mib."""
@@ -133,6 +133,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "message_mib": (0, 1_048_576),
     "half_bandwidth_mib": (0, 1_048_576),
     "cuda_context_mib": (0, 65_536),
+    "communicator_mib": (0, 65_536),
     "cublas_workspace_mib": (0, 65_536),
     "electricity_usd_per_kwh": (0, 10),
 }
@@ -654,6 +655,8 @@ def _build_interconnect(path: Path, label: str, raw: dict[str, Any], source_ids:
         scope=_as_choice(path, label, "scope", raw["scope"], INTERCONNECT_SCOPES),
         busbw_points=points,
         half_bandwidth_bytes=half,
+        communicator_bytes=_optional(raw, "communicator_mib",
+                                     lambda v: int(_as_number(path, label, "communicator_mib", v) * units.MIB)),
         sources=_check_sources(path, label, raw, source_ids),
         notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
     )

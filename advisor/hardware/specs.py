@@ -286,6 +286,9 @@ class Interconnect:
     half_bandwidth_bytes: float | None
     sources: tuple[str, ...]
     notes: str | None = None
+    communicator_bytes: int | None = None
+    """Device memory NCCL's communicator takes on each GPU over this link (its channels' FIFO buffers,
+    outside torch's allocator), where measured."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -151,20 +151,25 @@ def device_memory(
     overhead: MemoryOverhead,
     batch_model: BatchMemoryModel | None = None,
     cuda_context_bytes: int | None = None,
+    communicator_bytes: int = 0,
 ) -> DeviceMemory:
     """Memory of the traced step on `gpu`. `cuda_context_bytes` overrides the architecture's figure
-    (an eager-loading stack, or one measured on the user's machine)."""
+    (an eager-loading stack, or one measured on the user's machine); `communicator_bytes`: NCCL's
+    buffers of a multi-GPU job (outside torch's allocator, like the context)."""
     context = overhead.cuda_context_bytes if cuda_context_bytes is None else cuda_context_bytes
     workspace = overhead.cublas_workspace_bytes
     detail = {category: step.by_category.get(category, 0) for category in CATEGORIES}
     detail |= {"allocator_reserve": step.fragmentation, "cublas_workspace": workspace, "cuda_context": context}
+    if communicator_bytes:
+        detail["communicator"] = communicator_bytes
     memory = dict.fromkeys(BREAKDOWN_KEYS, 0)
     for category, key in BREAKDOWN_OF_CATEGORY.items():
         memory[key] += detail[category]
-    memory["overhead"] = step.fragmentation + workspace + context
+    outside = context + communicator_bytes
+    memory["overhead"] = step.fragmentation + workspace + outside
     peak = sum(memory.values())
-    assert peak == context + workspace + step.reserved, "the breakdown must add up to the peak"
-    max_batch = None if batch_model is None else batch_model.max_batch_size(gpu.memory_bytes - context - workspace)
+    assert peak == outside + workspace + step.reserved, "the breakdown must add up to the peak"
+    max_batch = None if batch_model is None else batch_model.max_batch_size(gpu.memory_bytes - outside - workspace)
     return DeviceMemory(
         gpu_id=gpu.id,
         capacity_bytes=gpu.memory_bytes,

@@ -17,6 +17,7 @@ import yaml
 
 from advisor import __version__, units
 from advisor.present.format import describe_params, duration, money, percent, plan_duration, si
+from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
 from advisor.present.pipeline import input_bound, pipeline_line, supply_line
 from advisor.present.plans import SEARCHED, plan_line, plan_outcome, plans_title
 from advisor.estimate.plan import DeviceEstimate, Estimate
@@ -55,6 +56,8 @@ class DeviceRow:
     buy_usd: str
     calibration: str
     fits: bool
+    gpus: str = "1"
+    """present.parallel.gpus_cell: how many GPUs and the strategy, or the fewest that fit."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         found.append(Recommendation(f"Cheapest to rent ({kind})", best.id,
                                     f"{money(best.job_cost_usd(spot))} USD for the job on {offer.provider} "
                                     f"{offer.instance} at {offer.rate(spot):.2f} "
-                                    f"USD/GPU-hour ({kind}), "
+                                    f"USD per hour ({kind}, {offer.gpus} GPUs), "
                                     f"{plan_duration(best.time_to_train_s)}"))
     value = estimate.best_value_to_buy()
     if value is not None and value.owning is not None:
@@ -204,6 +207,12 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
     limited = input_bound(estimate)
     if limited:
         found.append(Recommendation("Input pipeline limits", f"{len(limited)} GPUs", supply_line(estimate) or ""))
+    if by_time and by_time[0].scaling is not None:
+        found.append(Recommendation("How it runs", by_time[0].id, parallel_line(by_time[0]) or ""))
+    scaled = sorted((r for r in estimate.results if r.scale_out is not None),
+                    key=lambda r: (r.scale_out.time_to_train_s, r.id))  # type: ignore[union-attr]
+    if scaled and not by_time:
+        found.append(Recommendation("Fits on several GPUs", scaled[0].id, scale_out_line(scaled[0]) or ""))
     if not estimate.fitting and plans:
         first = plans[0]
         found.append(Recommendation("Does not fit as asked; fits with", first.result.id,
@@ -221,15 +230,20 @@ def _settings_lines(estimate: Estimate) -> tuple[tuple[str, str], ...]:
     batch = f"{memory.batch_size}"
     if memory.accumulate_gradients:
         batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
+    gpus = settings.num_gpus or 1
+    several = (f"{gpus}, {settings.parallel} (the batch size is each GPU's)" if gpus > 1 else
+               "1 (where one is too small, the fewest that fit are named)")
     return (
         ("Batch size", batch),
+        ("GPUs per job", several),
         ("Precision", memory.precision),
         ("Optimizer", memory.optimizer),
         ("Activation checkpointing", "yes" if memory.checkpointing else "no"),
         *((("Sequence length", f"{settings.seq_len:,} tokens"),) if settings.seq_len is not None else ()),
         *((("Fine-tuning", estimate.trace.adapted),) if estimate.trace.adapted else ()),
         *((("Assumed", "; ".join(settings.assumptions)),) if settings.assumptions else ()),
-        ("Job", settings.job.describe(memory.batch_size, estimate.model.sample_unit)),
+        ("Job", settings.job.describe(memory.batch_size * max((r.data_parallel for r in estimate.results), default=1),
+                                      estimate.model.sample_unit)),
         ("Cloud prices ranked", "spot" if settings.spot else "on demand"),
     )
 
@@ -264,23 +278,25 @@ def _device_row(rank: int, result: DeviceEstimate, spot: bool) -> DeviceRow:
     if not result.fits:
         short = f"{result.memory.missing_bytes / units.GIB:.1f} GiB short"
         return DeviceRow("-", result.id, result.target.name, memory, max_batch, "does not fit", short, "-", "-", "-",
-                         "-", "-", buy, result.target.calibration, False)
+                         "-", "-", buy, result.target.calibration, False, gpus_cell(result))
     offer = result.cheapest(spot)  # the instance's name is in the cloud offers table
     cloud = result.no_offer_reason() if offer is None else f"{offer.provider} {offer.rate(spot):.2f}/h"
     return DeviceRow(str(rank), result.id, result.target.name, memory, max_batch, duration(result.step_time_s),
                      f"{result.throughput:,.1f}", plan_duration(result.time_to_train_s), result.step.bound, cloud,
                      money(result.job_cost_usd()), money(result.spot_saving_cost_usd()), buy,
-                     result.target.calibration, True)
+                     result.target.calibration, True, gpus_cell(result))
 
 
 def _offers(estimate: Estimate) -> list[OfferRow]:
     rows = []
     for result in estimate.by_cost():
         for offer in result.cloud:
-            rows.append(OfferRow(result.id, offer.provider, offer.instance + (f" ({offer.gpus_per_instance}x)"
-                                                                              if offer.gpus_per_instance > 1 else ""),
-                                 offer.region, f"{offer.usd_per_hour:.2f}",
-                                 "-" if offer.spot_usd_per_hour is None else f"{offer.spot_usd_per_hour:.2f}",
+            size = f" ({offer.gpus_per_instance}x)" if offer.gpus_per_instance > 1 else ""
+            if offer.instances > 1:
+                size = f" ({offer.instances} x {offer.gpus_per_instance}x)"
+            rows.append(OfferRow(result.id, offer.provider, offer.instance + size, offer.region,
+                                 f"{offer.usd_per_gpu_hour:.2f}",
+                                 "-" if offer.spot_usd_per_gpu_hour is None else f"{offer.spot_usd_per_gpu_hour:.2f}",
                                  money(offer.cost_usd), money(offer.spot_cost_usd), offer.price_date, offer.source))
     return rows
 
@@ -295,8 +311,8 @@ def _assumptions(estimate: Estimate) -> list[str]:
         f"in {memory.precision} with {memory.optimizer}; every op is timed on every device from its peaks and "
         "calibrated efficiency curves (compute-, memory- or overhead-bound).",
         f"The job is {settings.job.describe(memory.batch_size, estimate.model.sample_unit)}.",
-        "Cloud cost is the job's hours on the cheapest one-GPU instance (instances with more GPUs are listed "
-        "at what renting them costs, not used for a one-GPU job); buying is the card's price plus electricity "
+        "Cloud cost is the job's hours on the cheapest instances holding exactly its GPUs, whole instances rented "
+        "(larger instances are listed at what renting them costs, not used); buying is the cards' price plus electricity "
         "at its board power "
         f"({estimate.electricity_usd_per_kwh:.2f} USD/kWh).",
     ]

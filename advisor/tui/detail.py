@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from advisor.present.format import duration, money, percent, plan_duration
+from advisor.present.parallel import alternatives_line, parallel_line, scale_out_line
 from advisor.present.pipeline import describe_supply
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.tui.chart import memory_bar
@@ -23,6 +24,7 @@ class DeviceDetail(VerticalScroll):
         yield Static("Select a device in the Devices tab (Enter).", id="detail-title")
         yield Static(id="detail-memory")
         yield Static(id="detail-time")
+        yield Static(id="detail-parallel")
         yield Static(id="detail-input")
         yield Static("Top ops by time", classes="section")
         yield DataTable(id="detail-ops", cursor_type="none", zebra_stripes=True)
@@ -32,7 +34,7 @@ class DeviceDetail(VerticalScroll):
 
     def on_mount(self) -> None:
         self.query_one("#detail-ops", DataTable).add_columns("op", "phase", "calls", "time", "share", "bound")
-        self.query_one("#detail-offers", DataTable).add_columns("provider", "instance", "$/GPU-h", "spot $/h",
+        self.query_one("#detail-offers", DataTable).add_columns("provider", "instance", "$/h", "spot $/h",
                                                                 "job $", "spot job $")
 
     def show(self, estimate: Estimate, result: DeviceEstimate) -> None:
@@ -52,6 +54,8 @@ class DeviceDetail(VerticalScroll):
         else:
             line = "Does not fit: no time or cost (see the memory bar)."
         self.query_one("#detail-time", Static).update(line)
+        several = [text for text in (parallel_line(result), alternatives_line(result), scale_out_line(result)) if text]
+        self.query_one("#detail-parallel", Static).update("\n".join(several))
         feeding = "" if result.input_supply is None or not result.fits else \
             f"Input: {describe_supply(result, unit)}"
         self.query_one("#detail-input", Static).update(feeding)
@@ -62,10 +66,13 @@ class DeviceDetail(VerticalScroll):
                         row["bound"])
         offers = self.query_one("#detail-offers", DataTable)
         offers.clear()
-        for offer in result.cloud:
+        for offer in result.cloud:  # the hourly rate of all instances rented
             many = f" ({offer.gpus_per_instance}x)" if offer.gpus_per_instance > 1 else ""
-            offers.add_row(offer.provider, offer.instance + many, f"{offer.usd_per_hour:.2f}",
-                           "-" if offer.spot_usd_per_hour is None else f"{offer.spot_usd_per_hour:.2f}",
+            if offer.instances > 1:
+                many = f" ({offer.instances} x {offer.gpus_per_instance}x)"
+            spot = offer.rate(spot=True)
+            offers.add_row(offer.provider, offer.instance + many, f"{offer.rate():.2f}",
+                           "-" if spot is None else f"{spot:.2f}",
                            money(offer.cost_usd) if result.fits else "-",
                            money(offer.spot_cost_usd) if result.fits else "-")
         self.query_one("#detail-owning", Static).update(_owning_line(result))
@@ -75,7 +82,8 @@ def _owning_line(result: DeviceEstimate) -> str:
     owning = result.owning
     if owning is None:
         return "Buying: no purchase price in the database."
-    line = f"Buying: {money(owning.purchase_usd)} USD"
+    cards = f" for {result.num_gpus} cards" if result.num_gpus > 1 else ""
+    line = f"Buying: {money(owning.purchase_usd)} USD{cards}"
     if owning.electricity_usd is not None and result.fits:
         line += f" + {money(owning.electricity_usd)} USD electricity for the job"
     if owning.break_even_hours is not None:

@@ -40,7 +40,8 @@ from advisor.profile.model_file import builtin_examples
 from advisor.profile.choices import BASE_WEIGHTS, OPTIMIZER_CHOICES, PRECISIONS
 from advisor.app.fit import FitPlan
 from advisor.app.plan import TracePair, advise, advisor_runs, plan
-from advisor.app.request import PLAN_MODES, PlanRequest
+from advisor.app.request import PARALLEL_CHOICES, PLAN_MODES, PlanRequest
+from advisor.present.parallel import gpus_cell
 from advisor.present.plans import plan_lines
 from advisor.tui.chart import points_of, scatter
 from advisor.tui.detail import DeviceDetail
@@ -66,6 +67,7 @@ COLUMNS = (  # (key, label, sort key when its header is clicked, drop order in a
     ("rank", "#", "time", None), ("device", "Device", "name", None), ("memory", "Peak/Mem GiB", "memory", None),
     ("step", "Step", "time", 3), ("throughput", "Samples/s", "throughput", 2), ("train", "Train", "time", None),
     ("bound", "Bound", "time", 1), ("cost", "Cheapest $", "cost", None), ("buy", "Buy $", "name", 4),
+    ("gpus", "GPUs", "time", 5),
 )
 CELL_PADDING = 2
 """Columns a DataTable adds around each cell (one each side)."""
@@ -160,6 +162,14 @@ class EstimateScreen(Screen):
                 yield _switch_row(request.local, "local", "this machine")
                 yield Label("GPU ids (a, b, ...)")
                 yield Input(", ".join(request.gpus), placeholder="every GPU", id="gpus")
+                yield Label("GPUs per job (batch per GPU)")
+                yield Input(_text(request.num_gpus), placeholder="1, and the fewest that fit", type="integer",
+                            id="num_gpus")
+                yield Label("Parallelism")
+                yield Select([(p, p) for p in PARALLEL_CHOICES], value=request.parallel, allow_blank=False,
+                             id="parallel")
+                yield Label("Tensor-parallel degree")
+                yield Input(_text(request.tp), placeholder="1", type="integer", id="tp")
                 yield Label("CUDA context (MiB)")
                 yield Input(_text(request.cuda_context_mib), placeholder="the database's", type="number",
                             id="cuda_context_mib")
@@ -253,10 +263,13 @@ class EstimateScreen(Screen):
             workers=parse_number(value("workers"), int, "workers"),
             vcpus_per_gpu=parse_number(value("vcpus_per_gpu"), float, "vCPUs per GPU"),
             host_cpu=value("host_cpu").strip() or None,
+            num_gpus=parse_number(value("num_gpus"), int, "number of GPUs"),
+            parallel=str(chosen("parallel")),
+            tp=parse_number(value("tp"), int, "tensor-parallel degree"),
         )
 
     @on(Input.Submitted)
-    @on(Select.Changed, "#precision, #optimizer, #provider, #base_weights, #plans_mode")
+    @on(Select.Changed, "#precision, #optimizer, #provider, #base_weights, #plans_mode, #parallel")
     @on(Switch.Changed)
     def _setting_changed(self) -> None:
         """Re-estimate when the form says something new (widgets also post Changed as they mount)."""
@@ -554,6 +567,8 @@ def _cells(rank: int, result: DeviceEstimate, spot: bool) -> list[object]:
     buy = money(gpu.purchase_usd) if gpu is not None and gpu.purchase_usd is not None else "-"
     if not result.fits:
         short = Text(f"✗ {result.memory.missing_bytes / units.GIB:.1f} GiB short", style="red")
-        return ["", Text(result.id, style="dim red"), Text(memory, style="red"), short, "", "", "", "", buy]
+        return ["", Text(result.id, style="dim red"), Text(memory, style="red"), short, "", "", "", "", buy,
+                gpus_cell(result)]
     return [str(rank), result.id, memory, duration(result.step_time_s), f"{result.throughput:,.1f}",
-            plan_duration(result.time_to_train_s), result.step.bound, money(result.job_cost_usd(spot)), buy]
+            plan_duration(result.time_to_train_s), result.step.bound, money(result.job_cost_usd(spot)), buy,
+            gpus_cell(result)]

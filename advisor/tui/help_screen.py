@@ -35,6 +35,11 @@ runs in the background and the status line shows its progress.
 Times: per op, FLOPs or bytes against the device's peak and calibrated efficiency, plus per-op
 overhead. Memory: weights, gradients, optimizer state, activations at the peak, allocator and CUDA
 context overhead. Money: cloud price per GPU-hour x hours, or the card's price plus electricity.
+
+Several GPUs: set "GPUs per job" (the batch is then each GPU's) and the parallelism (auto: the
+fastest of DDP, ZeRO-1/2 and FSDP that fits). Each GPU's memory and the collectives' time over its
+links come from the one traced step; whole instances are priced. With one GPU, the GPUs column
+names the fewest that fit where one is too small.
 """
 
 

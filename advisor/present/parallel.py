@@ -1,0 +1,63 @@
+"""Multi-GPU results in words, shared by the table, the TUI's detail and the report: how many GPUs and
+which strategy, why, what communication costs, and the fewest GPUs that fit where one does not."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from advisor.present.format import duration, gib, money, plan_duration, si
+
+if TYPE_CHECKING:  # torch: only once a model is estimated
+    from advisor.estimate.plan import DeviceEstimate
+
+
+def gpus_cell(result: DeviceEstimate) -> str:
+    """The table's GPUs column: "1"; "8 zero2" for a multi-GPU job; "needs 8 fsdp" where one GPU is too
+    small and that many fit; "-" where no machine of this GPU holds the job."""
+    if result.scaling is not None:
+        return f"{result.num_gpus} {result.scaling.layout.strategy}"
+    if result.fits:
+        return "1"
+    more = result.scale_out
+    if more is not None and more.scaling is not None:
+        return f"needs {more.num_gpus} {more.scaling.layout.strategy}"
+    return "-"
+
+
+def parallel_line(result: DeviceEstimate) -> str | None:
+    """How a multi-GPU job runs and what its communication costs (None on one GPU):
+    "8 GPUs (1 node, nvlink4-nvswitch), zero2 (the fastest that fits; ...): 53.9 GB of collectives per
+    step, 140 ms, 9.5 ms of it not hidden; scaling efficiency 165%; per GPU batch 1, global 8"."""
+    scaling = result.scaling
+    if scaling is None:
+        return None
+    comm = scaling.communication
+    line = (f"{scaling.describe()} ({scaling.reason}): {si(comm.bytes_per_step, 'B')} of collectives per step, "
+            f"{duration(comm.time_s)}, {duration(comm.exposed_s)} of it not hidden by compute")
+    if result.fits:
+        line += f"; scaling efficiency {result.scaling_efficiency:.0%}"
+    return line + f"; batch {result.batch_size} per GPU, {result.global_batch_size} in all"
+
+
+def alternatives_line(result: DeviceEstimate) -> str | None:
+    """Every strategy tried, with its peak per GPU and step ("ddp 173.2 GiB (does not fit), ...")."""
+    scaling = result.scaling
+    if scaling is None or len(scaling.alternatives) < 2:
+        return None
+    parts = []
+    for a in scaling.alternatives:
+        fit = f"{duration(a.step_time_s)} per step" if a.fits else "does not fit"
+        parts.append(f"{a.strategy} {gib(a.peak_memory_bytes)} GiB ({fit})")
+    return "Strategies: " + ", ".join(parts)
+
+
+def scale_out_line(result: DeviceEstimate) -> str | None:
+    """Where one GPU is too small, the fewest of them that fit (None otherwise)."""
+    more = result.scale_out
+    if more is None or more.scaling is None:
+        return None
+    offer = more.cheapest()
+    rent = "no instance of that size is offered" if offer is None else \
+        f"{money(more.job_cost_usd())} USD on {offer.instances} x {offer.provider} {offer.instance}"
+    return (f"Fits on {more.num_gpus} of them ({more.scaling.layout.strategy}, {gib(more.memory.peak_bytes)} GiB "
+            f"per GPU): {plan_duration(more.time_to_train_s)}, {rent}")
