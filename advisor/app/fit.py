@@ -58,7 +58,7 @@ class FitPlan:
 
     def to_dict(self) -> dict[str, Any]:
         result = self.result
-        return {"changes": dict(self.changes), "flags": self.flags, "gpu_id": result.id, "num_gpus": 1,
+        return {"changes": dict(self.changes), "flags": self.flags, "gpu_id": result.id, "num_gpus": result.num_gpus,
                 "fits": result.memory.fits, "peak_memory_bytes": result.memory.peak_bytes,
                 "step_time_s": result.step.step_s, "time_to_train_s": result.time_to_train_s,
                 "throughput_samples_per_s": result.throughput,

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from advisor.app.request import PlanRequest
+from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.profile.model_file import ModelFile, load_model_file
 
@@ -103,5 +104,8 @@ def plan_memory_only(request: PlanRequest, db: HardwareDB, progress: Progress = 
     """The request's training memory on its GPUs (all when none), without timing (`advisor memory`)."""
     from advisor.memory.plan import plan_memory
 
+    if (request.num_gpus or 1) > 1 or request.parallel != "auto":
+        raise UserError("advisor memory sizes one GPU; each GPU's memory of a multi-GPU job is in "
+                        f"`advisor estimate --num-gpus {request.num_gpus or 2}` (its Peak/Mem column and --json)")
     model = request_model(request)
     return plan_memory(model, db, request_gpus(request, db), request.memory_settings(model), progress=progress)
