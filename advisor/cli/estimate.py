@@ -197,15 +197,10 @@ def _header(estimate: Estimate) -> list[str]:
         f"{si(trace.flops(), 'FLOP')} per training step (2 FLOPs per multiply-add)"
         f"{'; ' + trace.replication() if trace.replicated_blocks else ''}",
         f"Settings: {batch}, {memory.precision}, {describe_optimizer(memory.optimizer, trace.optimizer_class)}{options}"
-        f"{assumed}; job: {settings.job.describe(memory.batch_size * _data_parallel(estimate), unit)}",
+        f"{assumed}; job: {settings.job.describe(memory.batch_size * estimate.data_parallel, unit)}",
         _calibration_line(estimate),
         _legend(settings.spot, gpus),
     ]
-
-
-def _data_parallel(estimate: Estimate) -> int:
-    """Ranks that each take a batch (every result of a multi-GPU estimate has the same)."""
-    return max((r.data_parallel for r in estimate.results), default=1)
 
 
 def _legend(spot: bool, gpus: int) -> str:
@@ -240,10 +235,9 @@ def _parallel_lines(estimate: Estimate) -> list[str]:
     if estimate.skipped:
         lines.append(f"Left out ({len(estimate.skipped)}): " + "; ".join(
             f"{gpu_id} ({why})" for gpu_id, why in estimate.skipped[:4]) + ("; ..." if len(estimate.skipped) > 4 else ""))
-    scaled = sorted((r for r in estimate.results if r.scale_out is not None),
-                    key=lambda r: (r.scale_out.time_to_train_s, r.id))  # type: ignore[union-attr]
-    if scaled and not by_time:
-        lines.append(f"{scaled[0].id}: {scale_out_line(scaled[0])} (--num-gpus {scaled[0].scale_out.num_gpus})")  # type: ignore[union-attr]
+    scaled = estimate.fastest_scale_out()
+    if scaled is not None and scaled.scale_out is not None and not by_time:
+        lines.append(f"{scaled.id}: {scale_out_line(scaled)} (--num-gpus {scaled.scale_out.num_gpus})")
     return lines
 
 

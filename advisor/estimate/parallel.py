@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from advisor.estimate.costs import instances_for
 from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
 from advisor.memory.estimate import BatchMemoryModel, StepMemory
@@ -106,7 +107,7 @@ def machines_for(db: HardwareDB, gpu: GPUSpec, gpus: int) -> Machines | str:
     offers = db.offers_for(gpu.id)
     by_id = {i.id: i for i in db.interconnects}
     exact = [o for o in offers if o.gpus_per_instance == gpus]
-    several = [o for o in offers if o.gpus_per_instance < gpus and gpus % o.gpus_per_instance == 0 and o.network]
+    several = [o for o in offers if (instances_for(o, gpus) or 0) > 1]  # networked, dividing `gpus`
     for offer in exact + sorted(several, key=lambda o: (-o.gpus_per_instance, o.usd_per_gpu_hour)):
         per_node = min(gpus, offer.gpus_per_instance)
         link = node_link(gpu, per_node, offer)

@@ -250,7 +250,7 @@ class EstimateSettings:
     """GPUs of each type the job runs on (None: one, with the fewest that fit beside it); batch_size is
     then each GPU's."""
     parallel: str = "auto"
-    """How several GPUs share the job (estimate.parallel.PARALLEL_CHOICES): "auto" picks the fastest that fits."""
+    """How several GPUs share the job (app.request.PARALLEL_CHOICES): "auto" picks the fastest that fits."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
@@ -302,6 +302,16 @@ class Estimate:
     @property
     def fitting(self) -> list[DeviceEstimate]:
         return [r for r in self.results if r.fits]
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each take the batch (every GPU result of a multi-GPU estimate has the same)."""
+        return max((r.data_parallel for r in self.results), default=1)
+
+    def fastest_scale_out(self) -> DeviceEstimate | None:
+        """Of the devices one GPU of which is too small, the one whose fewest GPUs that fit train fastest."""
+        scaled = [r for r in self.results if r.scale_out is not None]
+        return min(scaled, key=lambda r: (r.scale_out.time_to_train_s, r.id), default=None)  # type: ignore[union-attr]
 
     def by_time(self) -> list[DeviceEstimate]:
         """Devices the model fits on, fastest first."""
@@ -410,7 +420,7 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
     cannot keep up."""
     if step is None:
         step = step_time(trace, settings.memory, target, lowered)
-    gpus = 1 if scaling is None else scaling.gpus
+    gpus, dp = (1, 1) if scaling is None else (scaling.gpus, scaling.layout.dp)
     batch = settings.memory.batch_size
     supply = None
     if pipeline is not None and target.device.kind == "gpu" and memory.fits:
@@ -420,7 +430,7 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
         supply = input_supply(pipeline, host, loader_batch, batch, step.step_s + feed.copy_s, settings.workers,
                               feed)
         step = step.with_input(feed.copy_s + supply.wait_s)
-    steps = settings.job.steps_for(batch * (1 if scaling is None else scaling.layout.dp))
+    steps = settings.job.steps_for(batch * dp)
     hours = steps * step.step_s / SECONDS_PER_HOUR
     gpu = target.gpu
     costs: tuple[CloudCost, ...] = ()

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 from advisor.present.format import duration, gib, money, plan_duration, si
 
 if TYPE_CHECKING:  # torch: only once a model is estimated
+    from advisor.estimate.costs import CloudCost
     from advisor.estimate.plan import DeviceEstimate
+
+
+def instance_label(offer: CloudCost) -> str:
+    """The instance as the offers tables name it: "p5.48xlarge (8x)", "p5.48xlarge (2 x 8x)" for several."""
+    if offer.instances > 1:
+        return f"{offer.instance} ({offer.instances} x {offer.gpus_per_instance}x)"
+    return offer.instance + (f" ({offer.gpus_per_instance}x)" if offer.gpus_per_instance > 1 else "")
 
 
 def gpus_cell(result: DeviceEstimate) -> str:

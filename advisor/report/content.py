@@ -17,7 +17,7 @@ import yaml
 
 from advisor import __version__, units
 from advisor.present.format import describe_params, duration, money, percent, plan_duration, si
-from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
+from advisor.present.parallel import gpus_cell, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import input_bound, pipeline_line, supply_line
 from advisor.present.plans import SEARCHED, plan_line, plan_outcome, plans_title
 from advisor.estimate.plan import DeviceEstimate, Estimate
@@ -209,10 +209,9 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         found.append(Recommendation("Input pipeline limits", f"{len(limited)} GPUs", supply_line(estimate) or ""))
     if by_time and by_time[0].scaling is not None:
         found.append(Recommendation("How it runs", by_time[0].id, parallel_line(by_time[0]) or ""))
-    scaled = sorted((r for r in estimate.results if r.scale_out is not None),
-                    key=lambda r: (r.scale_out.time_to_train_s, r.id))  # type: ignore[union-attr]
-    if scaled and not by_time:
-        found.append(Recommendation("Fits on several GPUs", scaled[0].id, scale_out_line(scaled[0]) or ""))
+    scaled = estimate.fastest_scale_out()
+    if scaled is not None and not by_time:
+        found.append(Recommendation("Fits on several GPUs", scaled.id, scale_out_line(scaled) or ""))
     if not estimate.fitting and plans:
         first = plans[0]
         found.append(Recommendation("Does not fit as asked; fits with", first.result.id,
@@ -242,8 +241,7 @@ def _settings_lines(estimate: Estimate) -> tuple[tuple[str, str], ...]:
         *((("Sequence length", f"{settings.seq_len:,} tokens"),) if settings.seq_len is not None else ()),
         *((("Fine-tuning", estimate.trace.adapted),) if estimate.trace.adapted else ()),
         *((("Assumed", "; ".join(settings.assumptions)),) if settings.assumptions else ()),
-        ("Job", settings.job.describe(memory.batch_size * max((r.data_parallel for r in estimate.results), default=1),
-                                      estimate.model.sample_unit)),
+        ("Job", settings.job.describe(memory.batch_size * estimate.data_parallel, estimate.model.sample_unit)),
         ("Cloud prices ranked", "spot" if settings.spot else "on demand"),
     )
 
@@ -291,10 +289,7 @@ def _offers(estimate: Estimate) -> list[OfferRow]:
     rows = []
     for result in estimate.by_cost():
         for offer in result.cloud:
-            size = f" ({offer.gpus_per_instance}x)" if offer.gpus_per_instance > 1 else ""
-            if offer.instances > 1:
-                size = f" ({offer.instances} x {offer.gpus_per_instance}x)"
-            rows.append(OfferRow(result.id, offer.provider, offer.instance + size, offer.region,
+            rows.append(OfferRow(result.id, offer.provider, instance_label(offer), offer.region,
                                  f"{offer.usd_per_gpu_hour:.2f}",
                                  "-" if offer.spot_usd_per_gpu_hour is None else f"{offer.spot_usd_per_gpu_hour:.2f}",
                                  money(offer.cost_usd), money(offer.spot_cost_usd), offer.price_date, offer.source))

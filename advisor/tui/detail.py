@@ -9,7 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from advisor.present.format import duration, money, percent, plan_duration
-from advisor.present.parallel import alternatives_line, parallel_line, scale_out_line
+from advisor.present.parallel import alternatives_line, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import describe_supply
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.tui.chart import memory_bar
@@ -67,11 +67,8 @@ class DeviceDetail(VerticalScroll):
         offers = self.query_one("#detail-offers", DataTable)
         offers.clear()
         for offer in result.cloud:  # the hourly rate of all instances rented
-            many = f" ({offer.gpus_per_instance}x)" if offer.gpus_per_instance > 1 else ""
-            if offer.instances > 1:
-                many = f" ({offer.instances} x {offer.gpus_per_instance}x)"
             spot = offer.rate(spot=True)
-            offers.add_row(offer.provider, offer.instance + many, f"{offer.rate():.2f}",
+            offers.add_row(offer.provider, instance_label(offer), f"{offer.rate():.2f}",
                            "-" if spot is None else f"{spot:.2f}",
                            money(offer.cost_usd) if result.fits else "-",
                            money(offer.spot_cost_usd) if result.fits else "-")
