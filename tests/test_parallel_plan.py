@@ -155,3 +155,15 @@ def test_the_command_line_runs_several_gpus(capsys) -> None:
     assert result["parallel"]["strategy"] == "ddp" and result["parallel"]["reason"] == "--parallel ddp"
     code, _, err = run(capsys, "estimate", "mlp", "--gpu", "rtx-3080-max-q", "--num-gpus", "4", "--no-input-pipeline")
     assert code == 2 and "no machine runs 4 of the GPUs asked for" in err
+
+
+def test_the_fit_advisor_plans_on_the_requested_gpus(db) -> None:
+    from advisor.app.fit import fit_plans
+    from advisor.app.plan import plan
+
+    # llama at batch 8 on 8 H100s fits no strategy as asked; a plan that fits must run on 8 GPUs too
+    request = PlanRequest(model="llama", batch_size=8, gpus=("h100-sxm",), num_gpus=8, input_pipeline=False)
+    estimate = plan(request, db)
+    assert not estimate.fitting
+    plans = fit_plans(request, db, estimate)
+    assert plans and all(p.result.num_gpus == 8 and p.to_dict()["num_gpus"] == 8 for p in plans)

@@ -177,6 +177,9 @@ def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets
         trace = trace_for_memory(model, settings.memory, settings.memory.traced_batch)
     except UserError:
         return None
+    if (settings.num_gpus or 1) > 1:  # the candidate runs on the request's GPUs, as the request would
+        fitting = [r for r in _parallel_results(trace, settings, db, targets) if r.fits]
+        return min(fitting, key=lambda r: (r.time_to_train_s, r.id), default=None)
     step = StepMemory.of_trace(trace)
     fitting = []
     for target in targets:
@@ -184,3 +187,19 @@ def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets
         if memory.fits:
             fitting.append(estimate_device(trace, settings, target, memory, db))
     return min(fitting, key=lambda r: (r.time_to_train_s, r.id), default=None)
+
+
+def _parallel_results(trace: Any, settings: Any, db: HardwareDB, targets: list[Any]) -> list[DeviceEstimate]:
+    """`trace` on settings.num_gpus GPUs of each target's type that a machine holds (estimate.plan's way)."""
+    from advisor.estimate.parallel import LayoutMemory, machines_for, strategies_for
+    from advisor.estimate.plan import estimate_parallel
+
+    layouts = LayoutMemory(trace, None)
+    results = []
+    for target in targets:
+        machines = None if target.gpu is None or target.local else machines_for(db, target.gpu, settings.num_gpus)
+        if machines is None or isinstance(machines, str):
+            continue
+        results.append(estimate_parallel(trace, settings, target, db, machines, layouts,
+                                         strategies_for(settings.parallel, machines.nodes)))
+    return results

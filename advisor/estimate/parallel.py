@@ -162,10 +162,10 @@ class LayoutMemory:
     """Each rank's device-independent memory per layout, from the step traced at its batch (and, for the
     batch line, at twice it): the rank's re-played live memory through the allocator, once per layout."""
 
-    def __init__(self, trace: StepTrace, second: StepTrace) -> None:
+    def __init__(self, trace: StepTrace, second: StepTrace | None) -> None:
         self.trace, self.second = trace, second
         self.sharding = Sharding.of_trace(trace)
-        self._second_sharding = Sharding.of_trace(second)
+        self._second_sharding = None if second is None else Sharding.of_trace(second)
         self._steps: dict[tuple[str, int, int], StepMemory] = {}
         self._lines: dict[tuple[str, int, int], BatchMemoryModel] = {}
 
@@ -181,8 +181,11 @@ class LayoutMemory:
             self._steps[key] = StepMemory.of_trace(rank_trace(self.trace, layout, self.sharding))
         return self._steps[key]
 
-    def batch_model(self, layout: Layout) -> BatchMemoryModel:
-        """One rank's memory against its batch (the second trace re-played only when asked)."""
+    def batch_model(self, layout: Layout) -> BatchMemoryModel | None:
+        """One rank's memory against its batch (the second trace re-played only when asked; None without
+        a second trace)."""
+        if self.second is None or self._second_sharding is None:
+            return None
         key = self._key(layout)
         if key not in self._lines:
             second = StepMemory.of_trace(rank_trace(self.second, layout, self._second_sharding))

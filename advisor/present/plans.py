@@ -26,7 +26,8 @@ def plan_line(estimate: Estimate, plan: FitPlan) -> str:
 
 
 def plan_outcome(estimate: Estimate, plan: FitPlan) -> str:
-    """"a10g, 19.9 GiB of 24.0, 913 tokens/s, 3.0 h, 3.06 USD": where the plan fits and what it gives."""
+    """"a10g, 19.9 GiB of 24.0, 913 tokens/s, 3.0 h, 3.06 USD": where the plan fits and what it gives (with
+    several GPUs "h100-sxm x 8 (fsdp), 56.1 GiB of 80.0" per GPU, throughput and cost the whole job's)."""
     result = plan.result
     tokens = result.throughput_tokens_per_s
     speed = f"{tokens:,.0f} tokens/s" if tokens is not None else \
@@ -34,7 +35,8 @@ def plan_outcome(estimate: Estimate, plan: FitPlan) -> str:
     cost = plan.cost_usd
     money_part = f", {money(cost)} USD{' spot' if plan.spot else ''}" if cost is not None else ""
     trained = " [changes what is trained]" if plan.changes_what_is_trained else ""
-    return (f"{result.id}, {gib(result.memory.peak_bytes)} GiB of {gib(result.memory.capacity_bytes)}, "
+    several = "" if result.scaling is None else f" x {result.num_gpus} ({result.scaling.layout.strategy})"
+    return (f"{result.id}{several}, {gib(result.memory.peak_bytes)} GiB of {gib(result.memory.capacity_bytes)}, "
             f"{speed}, {plan_duration(result.time_to_train_s)}{money_part}{trained}")
 
 
