@@ -6,6 +6,9 @@
 2. Published GPU rows (../shared/validation/published-throughput.csv, single-GPU rows) whose model
    this repository builds (benchmarks/zoo.py and the examples), at the published batch size,
    precision and image size or sequence length, against the estimate for that database GPU.
+2b. Published multi-GPU rows: Lambda's 2-, 4- and 8-GPU machines, DDP on the machine's own link, their
+   aggregate throughput and their scaling efficiency (N-GPU / N x 1-GPU throughput), beside a baseline
+   that scales our one-GPU prediction linearly (issue #25).
 3. Real GPU runs: training steps measured on a GPU by benchmarks/gpu_groundtruth.py (one folder per GPU
    and date under benchmarks/results/groundtruth/), against the estimate for that GPU recomputed now.
 
@@ -13,7 +16,7 @@ The bare roofline times every op of the same trace at 75% of the device's peak F
 dtype and 75% of its bandwidth (the sustained bandwidth on the CPU, which has no datasheet figure),
 max of the two, summed: no calibration, no size effects, no overheads.
 
-    python benchmarks/accuracy.py [--part cpu|published|gpu|all] [--out benchmarks/results/accuracy.txt]
+    python benchmarks/accuracy.py [--part cpu|published|multi|gpu|all] [--out benchmarks/results/accuracy.txt]
         [--summary calibration/accuracy.yaml]
 """
 
@@ -45,10 +48,14 @@ from zoo import ZOO, ModelParts, cast_model_and_inputs, example  # noqa: E402
 from advisor.calibration.peaks import gpu_peaks  # noqa: E402
 from advisor.calibration.reference import load_families  # noqa: E402
 from advisor.estimate.ops import DTYPE_FALLBACK, classify  # noqa: E402
-from advisor.estimate.step import estimate_records  # noqa: E402
+from advisor.estimate.parallel import Machines, Sharding, communication, sharded_step, step_collectives  # noqa: E402
+from advisor.estimate.step import StepTime, estimate_records  # noqa: E402
 from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
+from advisor.hardware.specs import GPUSpec  # noqa: E402
 from advisor.memory.estimate import StepMemory, device_memory  # noqa: E402
+from advisor.parallel.strategy import Layout  # noqa: E402
+from advisor.parallel.topology import node_link  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
     OpRecord,
     StepTrace,
@@ -98,35 +105,35 @@ class Row:
     unit: str
 
 
-def summary(rows: list[Row], title: str) -> list[str]:
+def summary(rows: list[Row], title: str, baseline: str = "bare roofline") -> list[str]:
     ours = [abs(error(r.ours, r.measured)) for r in rows]
     bare = [abs(error(r.bare, r.measured)) for r in rows]
     return [f"{title:<44} n={len(rows):>3}  ours median {statistics.median(ours):6.1%} mean {statistics.mean(ours):6.1%}"
-            f"   bare roofline median {statistics.median(bare):6.1%} mean {statistics.mean(bare):6.1%}"]
+            f"   {baseline} median {statistics.median(bare):6.1%} mean {statistics.mean(bare):6.1%}"]
 
 
-def summary_figures(rows: list[Row], what: str) -> dict[str, object]:
+def summary_figures(rows: list[Row], what: str, baseline: str = "bare_roofline") -> dict[str, object]:
     """The medians and means of |error| as data (calibration/accuracy.yaml), fractions."""
     ours = [abs(error(r.ours, r.measured)) for r in rows]
     bare = [abs(error(r.bare, r.measured)) for r in rows]
     return {"what": what, "rows": len(rows), "median_abs_error": round(statistics.median(ours), 4),
             "mean_abs_error": round(statistics.mean(ours), 4),
-            "bare_roofline_median_abs_error": round(statistics.median(bare), 4),
-            "bare_roofline_mean_abs_error": round(statistics.mean(bare), 4)}
+            f"{baseline}_median_abs_error": round(statistics.median(bare), 4),
+            f"{baseline}_mean_abs_error": round(statistics.mean(bare), 4)}
 
 
-def grouped(rows: list[Row], key: Callable[[Row], str], heading: str) -> list[str]:
+def grouped(rows: list[Row], key: Callable[[Row], str], heading: str, baseline: str = "bare roofline") -> list[str]:
     groups: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         groups[key(row)].append(row)
     lines = [f"\n{heading}"]
     for name in sorted(groups):
-        lines += summary(groups[name], f"  {name}")
+        lines += summary(groups[name], f"  {name}", baseline)
     return lines
 
 
-def table(rows: list[Row]) -> list[str]:
-    lines = [f"{'case':<70} {'measured':>10} {'ours':>10} {'err':>7} {'bare':>10} {'err':>7}  unit"]
+def table(rows: list[Row], baseline: str = "bare") -> list[str]:
+    lines = [f"{'case':<70} {'measured':>10} {'ours':>10} {'err':>7} {baseline:>10} {'err':>7}  unit"]
     for r in rows:
         lines.append(f"{r.label:<70} {r.measured:>10.4g} {r.ours:>10.4g} {error(r.ours, r.measured):>+7.1%} "
                      f"{r.bare:>10.4g} {error(r.bare, r.measured):>+7.1%}  {r.unit}")
@@ -310,56 +317,144 @@ def size_of(row: dict[str, str]) -> int | None:
     return None
 
 
-def published_rows() -> tuple[list[Row], list[str], list[str]]:
-    """(rows, why rows were skipped, rows the tool calls "does not fit": runs that happened on that GPU at
-    that batch, so every one of them is a memory prediction that is too high)."""
-    db = load_hwdb([])
-    families = load_families(db)
-    labels = yaml.safe_load(GPU_LABELS.read_text())["labels"]
-    traces: dict[tuple, StepTrace] = {}
-    rows, skipped, unfit = [], defaultdict(int), []
-    with VALIDATION.open(newline="") as handle:
-        published = [r for r in csv.DictReader(handle) if r["num_gpus"] == "1"]
-    for row in published:
+@dataclass(frozen=True)
+class Predicted:
+    """One published row as the tool sees it: the step traced as its source ran it, timed on its GPU."""
+
+    label: str
+    model: str
+    gpu: GPUSpec
+    batch: int
+    trace: StepTrace
+    records: list[OpRecord]
+    step: StepTime
+    bare_s: float
+    fits: bool
+    peak_bytes: int
+
+    def throughput(self, step_s: float) -> float:
+        """Samples per second of one GPU at `step_s` seconds a step."""
+        return self.batch / step_s
+
+
+class Published:
+    """The published rows' hardware, labels and traces (each traced once per model, size, batch,
+    precision, optimizer and layout, shared by the single- and multi-GPU rows)."""
+
+    def __init__(self) -> None:
+        self.db = load_hwdb([])
+        self.families = load_families(self.db)
+        self.labels = yaml.safe_load(GPU_LABELS.read_text())["labels"]
+        self.traces: dict[tuple, StepTrace] = {}
+        with VALIDATION.open(newline="") as handle:
+            self.rows = list(csv.DictReader(handle))
+
+    def predict(self, row: dict[str, str]) -> Predicted | str:
+        """The row predicted on one GPU, or why it is skipped."""
         zoo_name = MODELS.get(row["model"])
-        gpu = db.gpu(labels[row["gpu"]])
+        gpu = self.db.gpu(self.labels[row["gpu"]])
         precision = precision_of(row, gpu.architecture)
-        why = None
         if zoo_name is None:
-            why = f"{row['model']}: not built here"
-        elif not row["batch_size_per_gpu"]:
-            why = f"{row['model']}: no published batch size"
-        elif precision is None:
-            why = f"precision {row['precision']}"
-        elif row["metric"] not in SAMPLE_METRICS and row["metric"] != "train_step_time_ms_median":
-            why = f"metric {row['metric']}"
-        if why is not None:
-            skipped[why] += 1
-            continue
-        assert zoo_name is not None and precision is not None
+            return f"{row['model']}: not built here"
+        if not row["batch_size_per_gpu"]:
+            return f"{row['model']}: no published batch size"
+        if precision is None:
+            return f"precision {row['precision']}"
+        if row["metric"] not in SAMPLE_METRICS and row["metric"] != "train_step_time_ms_median":
+            return f"metric {row['metric']}"
         batch, size, optimizer = int(row["batch_size_per_gpu"]), size_of(row), optimizer_of(row)
         nhwc = channels_last_of(row)
         key = (zoo_name, size, batch, precision, optimizer, nhwc)
-        if key not in traces:
+        if key not in self.traces:
             print(f"advisor: tracing {key}", file=sys.stderr, flush=True)
             parts = channels_last(ZOO[zoo_name](size)) if nhwc else ZOO[zoo_name](size)
-            traces[key] = trace_case(parts, batch, precision, optimizer or "sgd", attention="cuda")
-        trace = traces[key]
+            self.traces[key] = trace_case(parts, batch, precision, optimizer or "sgd", attention="cuda")
+        trace = self.traces[key]
         records = [r for r in trace.records if optimizer is not None or r.phase != "optimizer"]
-        target = database_targets(db, [gpu], families)[0]
+        target = database_targets(self.db, [gpu], self.families)[0]
         memory = device_memory(StepMemory.of_trace(trace), target, target.memory_overhead)
-        ours = estimate_records(records, precision, target.device).step_s
+        step = estimate_records(records, precision, target.device)
         peaks = gpu_peaks(gpu)
         bare = bare_roofline_seconds(records, precision, peaks.flops, gpu.bandwidth_bytes_per_s, gpu=True)
-        value = float(row["value"])
         label = f"{row['source_id']}: {zoo_name} b{batch} {row['precision'][:9]} on {gpu.id}"
-        if not memory.fits:
-            unfit.append(f"{label}: {memory.peak_bytes / 2**30:.1f} GiB predicted, {gpu.memory_bytes / 2**30:.1f} GiB card")
+        return Predicted(label, zoo_name, gpu, batch, trace, records, step, bare, memory.fits, memory.peak_bytes)
+
+
+def published_rows(published: Published) -> tuple[list[Row], list[str], list[str]]:
+    """(rows, why rows were skipped, rows the tool calls "does not fit": runs that happened on that GPU at
+    that batch, so every one of them is a memory prediction that is too high)."""
+    rows, skipped, unfit = [], defaultdict(int), []
+    for row in (r for r in published.rows if r["num_gpus"] == "1"):
+        predicted = published.predict(row)
+        if isinstance(predicted, str):
+            skipped[predicted] += 1
+            continue
+        p, value = predicted, float(row["value"])
+        if not p.fits:
+            unfit.append(f"{p.label}: {p.peak_bytes / 2**30:.1f} GiB predicted, {p.gpu.memory_bytes / 2**30:.1f} GiB card")
         if row["metric"] == "train_step_time_ms_median":
-            rows.append(Row(label, zoo_name, gpu.id, value, ours * 1e3, bare * 1e3, "ms/step"))
+            rows.append(Row(p.label, p.model, p.gpu.id, value, p.step.step_s * 1e3, p.bare_s * 1e3, "ms/step"))
         else:
-            rows.append(Row(label, zoo_name, gpu.id, value, batch / ours, batch / bare, row["metric"][6:]))
-    return rows, [f"{count:>3} x {why}" for why, count in sorted(skipped.items(), key=lambda item: -item[1])], unfit
+            rows.append(Row(p.label, p.model, p.gpu.id, value, p.throughput(p.step.step_s), p.throughput(p.bare_s),
+                            row["metric"][6:]))
+    return rows, skipped_lines(skipped), unfit
+
+
+def skipped_lines(skipped: dict[str, int]) -> list[str]:
+    return [f"{count:>3} x {why}" for why, count in sorted(skipped.items(), key=lambda item: -item[1])]
+
+
+# ----------------------------------------------------------------------------- 2b. published multi-GPU rows
+
+
+MULTI_GPU_SOURCES = frozenset({"LAMBDA_V0"})
+"""Multi-GPU rows compared: Lambda's 2-, 4- and 8-GPU machines (one machine each, its own link). NVIDIA's
+DGX rows (NV_DLE_*) are 8-GPU only, with no 1-GPU row of the same run to give a scaling efficiency."""
+
+
+def data_parallel_s(published: Published, p: Predicted, gpus: int) -> tuple[float, object]:
+    """One rank's step on `gpus` of p's GPU in one machine (the link estimate.parallel's topology gives a
+    machine of the user's own), under DDP as DeepLearningExamples runs it: (seconds, Communication)."""
+    link = node_link(p.gpu, gpus)
+    assert link is not None, p.gpu.id
+    machines = Machines(gpus, gpus, next(i for i in published.db.interconnects if i.id == link), None, None)
+    layout = Layout("ddp", gpus, gpus)
+    comm = communication(step_collectives(layout, Sharding.of_trace(p.trace), 1), machines, p.step, 1)
+    return sharded_step(p.step, layout, comm).step_s, comm
+
+
+def multi_gpu_rows(published: Published) -> tuple[list[Row], list[Row], list[str]]:
+    """(aggregate throughput rows, scaling efficiency rows, why rows were skipped) for the multi-GPU rows
+    of MULTI_GPU_SOURCES on 2, 4 or 8 GPUs. Throughput's baseline scales our own one-GPU prediction
+    linearly (N x one GPU at the row's batch); scaling efficiency is N-GPU throughput / (N x the same
+    source's 1-GPU throughput, same GPU, model and precision), measured and predicted, its baseline 1."""
+    singles = {(r["source_id"], r["model"], r["gpu"], r["precision"], r["metric"]): r
+               for r in published.rows if r["num_gpus"] == "1"}
+    throughput, efficiency, skipped = [], [], defaultdict(int)
+    for row in published.rows:
+        gpus = int(row["num_gpus"])
+        if gpus == 1 or row["source_id"] not in MULTI_GPU_SOURCES:
+            continue
+        if gpus not in (2, 4, 8):
+            skipped[f"{gpus} GPUs (2, 4 and 8 compared)"] += 1
+            continue
+        predicted = published.predict(row)
+        if isinstance(predicted, str):
+            skipped[predicted] += 1
+            continue
+        p, value = predicted, float(row["value"])
+        step_s, comm = data_parallel_s(published, p, gpus)
+        label = f"{p.label} x{gpus}"
+        throughput.append(Row(label, p.model, f"{gpus} GPUs", value, gpus * p.throughput(step_s),
+                              gpus * p.throughput(p.step.step_s), row["metric"][6:]))
+        single_row = singles.get((row["source_id"], row["model"], row["gpu"], row["precision"], row["metric"]))
+        single = None if single_row is None else published.predict(single_row)
+        if single_row is None or isinstance(single, str) or single is None:
+            continue
+        measured = value / (gpus * float(single_row["value"]))
+        ours = gpus * p.throughput(step_s) / (gpus * single.throughput(single.step.step_s))
+        efficiency.append(Row(label, p.model, f"{gpus} GPUs", measured, ours, 1.0, "efficiency"))
+    return throughput, efficiency, skipped_lines(skipped)
 
 
 # ----------------------------------------------------------------------------- 3. real GPU runs
@@ -396,7 +491,7 @@ def gpu_rows() -> tuple[list[Row], list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("cpu", "published", "gpu", "all"), default="all")
+    parser.add_argument("--part", choices=("cpu", "published", "multi", "gpu", "all"), default="all")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     parser.add_argument("--summary", type=Path, help="also write the medians to this YAML file (the planning "
                         "report quotes calibration/accuracy.yaml)")
@@ -416,7 +511,8 @@ def main() -> int:
         summaries["cpu"] = summary_figures(rows, "step time of real training steps on the benchmark machine's CPU "
                                            "against the --local prediction")
     if args.part in ("published", "all"):
-        rows, skipped, unfit = published_rows()
+        published = Published()
+        rows, skipped, unfit = published_rows(published)
         summaries["published"] = summary_figures(rows, "training throughput of published single-GPU measurements "
                                                  "(vendors' and labs' benchmark pages) against the prediction for that GPU")
         lines += ["", "2. Published single-GPU rows (../shared/validation/published-throughput.csv)", *table(rows),
@@ -427,6 +523,23 @@ def main() -> int:
                   "", f"called 'does not fit' (each ran on that GPU at that batch; target 0): {len(unfit)} of "
                       f"{len(rows)} rows", *(f"  {u}" for u in unfit),
                   "", f"skipped {sum(int(s.split(' x ')[0]) for s in skipped)} rows:", *(f"  {s}" for s in skipped)]
+    if args.part in ("multi", "all"):
+        published = published if args.part == "all" else Published()
+        rows, efficiency, skipped = multi_gpu_rows(published)
+        linear = "linear scaling"
+        lines += ["", "2b. Published multi-GPU rows, one machine of 2, 4 or 8 GPUs, DDP (Lambda v0)",
+                  "baseline: our one-GPU prediction at the row's batch times N (linear scaling)",
+                  *table(rows, "linear"), "", *summary(rows, "multi-GPU throughput, all", linear),
+                  *grouped(rows, lambda r: r.device, "by GPU count:", linear),
+                  *grouped(rows, lambda r: r.model, "by model:", linear),
+                  "", "scaling efficiency = N-GPU throughput / (N x the same source's 1-GPU throughput); baseline 1",
+                  *table(efficiency, "linear"), "", *summary(efficiency, "scaling efficiency, all", linear),
+                  *grouped(efficiency, lambda r: r.device, "by GPU count:", linear),
+                  "", f"skipped {sum(int(s.split(' x ')[0]) for s in skipped)} rows:", *(f"  {s}" for s in skipped)]
+        summaries["multi_gpu"] = summary_figures(rows, "aggregate training throughput of published 2-, 4- and 8-GPU "
+                                                 "runs (one machine, DDP) against the prediction", "linear_scaling")
+        summaries["scaling_efficiency"] = summary_figures(
+            efficiency, "scaling efficiency (N-GPU throughput / N x 1-GPU throughput) of the same runs", "linear_scaling")
     if args.part in ("gpu", "all"):
         rows, notes = gpu_rows()
         lines += ["", "3. Real GPU runs (benchmarks/results/groundtruth/, benchmarks/gpu_groundtruth.py)", *notes]
@@ -443,8 +556,13 @@ def main() -> int:
     if args.out:
         args.out.write_text(text + "\n")
     if args.summary:
-        document = {"date": time.strftime("%Y-%m-%d"), "torch": str(torch.__version__),
-                    "command": f"python benchmarks/accuracy.py --part {args.part}", **summaries}
+        # a part run on its own replaces its figures only, stamped with its own date and command
+        stamp = {"date": time.strftime("%Y-%m-%d"), "torch": str(torch.__version__),
+                 "command": f"python benchmarks/accuracy.py --part {args.part}"}
+        whole = args.part == "all" or not args.summary.is_file()
+        document = dict(stamp) if whole else yaml.safe_load(args.summary.read_text())
+        for part, figures in summaries.items():
+            document[part] = figures if args.part == "all" else {**figures, **stamp}
         args.summary.write_text(yaml.safe_dump(document, sort_keys=False))
     return 0
 

@@ -191,3 +191,17 @@ def test_the_time_axis_reads_in_planning_units(estimate_and_db) -> None:
     ticks, low, high = _ticks(NICE_HOURS, 398 / 1.4, 482 * 1.4)
     assert [_hours_label(t) for t in ticks] == ["7 d", "14 d", "30 d"] and low < 24 * 7 and high > 24 * 30
     assert [_hours_label(h) for h in (1 / 6, 0.5, 1, 2, 48)] == ["10 min", "30 min", "1 h", "2 h", "2 d"]
+
+
+def test_the_accuracy_section_quotes_the_multi_gpu_figures(tmp_path) -> None:
+    from advisor.report.content import accuracy_lines
+
+    path = tmp_path / "accuracy.yaml"
+    path.write_text("date: '2026-11-24'\npublished: {rows: 244, median_abs_error: 0.153, mean_abs_error: 0.22, "
+                    "bare_roofline_median_abs_error: 0.325}\nmulti_gpu: {rows: 354, median_abs_error: 0.304}\n"
+                    "scaling_efficiency: {rows: 333, median_abs_error: 0.062}\n")
+    text = " ".join(accuracy_lines(path))
+    assert "354 published runs on 2, 4 and 8 GPUs" in text
+    assert "within 6% of what was measured, and the training speed within 30%" in text
+    path.write_text("date: '2026-11-24'\n")  # a file from before the multi-GPU rows: no such sentence
+    assert "GPUs of one machine" not in " ".join(accuracy_lines(path))

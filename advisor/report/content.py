@@ -336,6 +336,12 @@ def accuracy_lines(path: Path | None = None) -> list[str]:
                      f"closer, half further (average {percent(published['mean_abs_error'], 0)}). A simple estimate "
                      f"from the GPU's peak figures alone is off by {percent(published['bare_roofline_median_abs_error'], 0)} "
                      "typically.")
+    multi, efficiency = document.get("multi_gpu"), document.get("scaling_efficiency")
+    if multi and efficiency:
+        lines.append(f"Against {multi['rows']} published runs on 2, 4 and 8 GPUs of one machine, the share of N times "
+                     f"one GPU's speed that the job keeps was typically within {percent(efficiency['median_abs_error'], 0)} "
+                     f"of what was measured, and the training speed within {percent(multi['median_abs_error'], 0)} "
+                     "(most of that is the one-GPU prediction's error).")
     if cpu:
         lines.append(f"On a computer's own processor, measured and then predicted, step times were typically within "
                      f"{percent(cpu['median_abs_error'], 0)} ({cpu['rows']} training steps).")
