@@ -39,6 +39,9 @@ class Case:
     model: str
     strategy: str
     batch_size: int
+    precision: str = "fp32"
+    """"fp32", or "amp-bf16": the step under CPU autocast to bfloat16, and fully_shard with torchtitan's
+    MixedPrecisionPolicy (parameters gathered in bfloat16, gradients reduced in float32)."""
 
 
 @dataclass(frozen=True)
@@ -177,10 +180,13 @@ def _measure(case: Case, world: int) -> Measured:
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
     profiler.__enter__()
     try:
-        model, optimizer = _wrapped(build(), case.strategy, world)
+        model, optimizer = _wrapped(build(), case.strategy, world, case.precision)
+        autocast = case.precision == "amp-bf16"
 
         def step() -> None:
-            loss_fn(model(batch), batch).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = loss_fn(model(batch), batch)
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -199,7 +205,8 @@ def _measure(case: Case, world: int) -> Measured:
     return Measured(_step_peaks(profiler), counter.bytes, counter.calls)
 
 
-def _wrapped(model: nn.Module, strategy: str, world: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _wrapped(model: nn.Module, strategy: str, world: int,
+             precision: str = "fp32") -> tuple[nn.Module, torch.optim.Optimizer]:
     """`model` and its AdamW as `strategy` runs them; foreach=True as torch picks for CUDA tensors (on CPU it
     would step each tensor alone)."""
     from advisor.parallel.strategy import fsdp_units
@@ -217,13 +224,15 @@ def _wrapped(model: nn.Module, strategy: str, world: int) -> tuple[nn.Module, to
                                                     foreach=True)
         return wrapped, torch.optim.AdamW(wrapped.parameters(), foreach=True)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mesh = init_device_mesh("cpu", (world,))
     counts = {name: sum(p.numel() for p in m.parameters() if p.requires_grad) for name, m in model.named_modules()}
-    reshard = strategy == "fsdp"
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": strategy == "fsdp"}
+    if precision == "amp-bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for name in fsdp_units(counts).blocks:
-        fully_shard(model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model.get_submodule(name), **options)
+    fully_shard(model, **options)
     return model, torch.optim.AdamW(model.parameters(), foreach=True)
 
 

@@ -22,7 +22,15 @@ from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
 from advisor.memory.estimate import BatchMemoryModel, StepMemory
 from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
-from advisor.parallel.strategy import Collective, Layout, Units, collectives, fsdp_units, per_rank_memory
+from advisor.parallel.strategy import (
+    FULLY_SHARDED,
+    Collective,
+    Layout,
+    Units,
+    collectives,
+    fsdp_units,
+    per_rank_memory,
+)
 from advisor.parallel.topology import node_link
 from advisor.profile.choices import precision_of
 from advisor.profile.trace import StepTrace
@@ -51,15 +59,28 @@ class Sharding:
     """The trainable parameters' gradients (what DDP all-reduces)."""
     buffer_bytes: float
     """Buffers (BatchNorm's statistics): what DDP broadcasts before each forward."""
+    mixed_precision: bool = False
+    """The step runs under autocast: fully_shard then gathers the parameters in autocast's dtype
+    (MixedPrecisionPolicy(param_dtype=autocast's, reduce_dtype=float32), as torchtitan runs it), so
+    autocast's weight copies vanish and the gathers carry low-precision bytes."""
+    gathered_bytes: float = 0.0
+    """Every parameter as fully_shard gathers it: parameter_bytes, in autocast's dtype under autocast."""
 
     @classmethod
     def of_trace(cls, trace: StepTrace) -> Sharding:
         assert trace.memory is not None, "the trace recorded no memory"
-        weight_bytes = precision_of(trace.precision).weight_bytes
+        precision = precision_of(trace.precision)
+        weight_bytes = precision.weight_bytes
         held = trace.memory.held_at_start("weights")
         parameters = min(float((trace.total_params or trace.params) * weight_bytes), float(held))
+        mixed = precision.autocast is not None
+        gathered = parameters * precision.low_precision_copy_bytes / weight_bytes if mixed else parameters
         return cls(fsdp_units(trace.params_by_module), parameters, float(trace.params * weight_bytes),
-                   max(held - parameters, 0.0))
+                   max(held - parameters, 0.0), mixed, gathered)
+
+    def gathered_by(self, strategy: str) -> float:
+        """Bytes of every parameter as `strategy` gathers or broadcasts them (bytes)."""
+        return self.gathered_bytes if strategy in FULLY_SHARDED else self.parameter_bytes
 
 
 @dataclass(frozen=True)
@@ -263,12 +284,13 @@ def choice_reason(parallel: str, chosen: Alternative, alternatives: list[Alterna
 def rank_trace(trace: StepTrace, layout: Layout, sharding: Sharding) -> StepTrace:
     """`trace` with the live memory of one rank of `layout`."""
     assert trace.memory is not None, "the trace recorded no memory"
-    return replace(trace, memory=per_rank_memory(trace.memory, layout, sharding.units, sharding.parameter_bytes))
+    return replace(trace, memory=per_rank_memory(trace.memory, layout, sharding.units,
+                                                 sharding.gathered_by(layout.strategy), sharding.mixed_precision))
 
 
 def step_collectives(layout: Layout, sharding: Sharding, micro_batches: int) -> list[Collective]:
-    return collectives(layout, sharding.units, sharding.parameter_bytes, sharding.gradient_bytes, micro_batches,
-                       sharding.buffer_bytes)
+    return collectives(layout, sharding.units, sharding.gathered_by(layout.strategy), sharding.gradient_bytes,
+                       micro_batches, sharding.buffer_bytes)
 
 
 def communication(found: list[Collective], machines: Machines, step: StepTime, micro_batches: int) -> Communication:

@@ -46,6 +46,9 @@ assert set(SHARDED) == set(STRATEGIES)
 FULLY_SHARDED = frozenset({"zero2", "fsdp", "hsdp"})
 """Strategies run by fully_shard (FSDP2): units gathered and reduce-scattered; the others run DDP."""
 
+LOW_PRECISION_SHARE = 0.5
+"""Bytes of a gradient in autocast's dtype (bf16, fp16) per byte of its fp32 gradient."""
+
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 """DDP's first gradient bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES)."""
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -225,16 +228,20 @@ def _merged(found: Sequence[Collective]) -> list[Collective]:
 
 
 def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
-                    parameter_bytes: float | None = None) -> LiveMemory:
+                    parameter_bytes: float | None = None, mixed_precision: bool = False) -> LiveMemory:
     """`memory` (one GPU's step) as each rank of `layout` lives it: its sharded categories split over
     the shard ranks, plus DDP's gradient buckets or FSDP's gathered units and unsharded gradients.
-    `parameter_bytes`: what FSDP gathers, the parameters as stored (None: every weight the model holds,
-    buffers included)."""
+    `parameter_bytes`: what FSDP gathers, the parameters as gathered (None: every weight the model
+    holds, buffers included). `mixed_precision`: the step runs under autocast, so fully_shard gathers
+    the parameters in autocast's dtype (MixedPrecisionPolicy) and autocast's own weight copies vanish
+    (casting a bfloat16 parameter to bfloat16 returns it)."""
     if layout.gpus == 1:
         return memory
     strategy, shards = layout.strategy, layout.shards
     sharded = SHARDED[strategy]
-    storages = [replace(s, nbytes=math.ceil(s.nbytes / shards)) if s.category in sharded else s
+    dropped = frozenset({"weight_copies"}) if mixed_precision and strategy in FULLY_SHARDED else frozenset()
+    storages = [replace(s, nbytes=0) if s.category in dropped
+                else replace(s, nbytes=math.ceil(s.nbytes / shards)) if s.category in sharded else s
                 for s in memory.storages]
     gradient_bytes = memory.total("gradients")
     gathered = memory.held_at_start("weights") if parameter_bytes is None else parameter_bytes
@@ -254,7 +261,10 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
             held = root + min(2, len(units.blocks)) * block  # the root, the unit computed and the one prefetched
             extra.append(StorageLife(round(gathered * held), forward, optimizer, "weight_copies",
                                      "(gathered units)"))
-        unsharded_grads = gradient_bytes * (root + 2 * block)  # the root's, a unit's and its reduce-scatter input
+        if mixed_precision:  # the root's and a unit's in the gathered dtype, the reduce-scatter's input in fp32
+            unsharded_grads = gradient_bytes * ((root + block) * LOW_PRECISION_SHARE + block)
+        else:  # the root's, a unit's and its reduce-scatter input
+            unsharded_grads = gradient_bytes * (root + 2 * block)
         extra.append(StorageLife(round(unsharded_grads), backward, optimizer, "gradients", "(unsharded gradients)"))
     return with_storages(memory, storages, extra)
 
