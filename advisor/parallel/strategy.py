@@ -15,6 +15,10 @@ Strategies, as torch.distributed runs them:
 - "hsdp": fsdp inside each node, the node's shards replicated across nodes (gradients all-reduced between
   nodes).
 
+Under autocast, fully_shard runs with MixedPrecisionPolicy(param_dtype=autocast's dtype,
+reduce_dtype=float32), as torchtitan does: units are gathered in 16 bits and autocast's weight copies
+vanish (per_rank_memory's mixed_precision).
+
 FSDP units (fsdp_units): fully_shard applied to every numbered block of the model's deepest-reaching
 ModuleList/Sequential level (transformer layers, ResNet bottlenecks) and to the root for the rest, all
 with reshard_after_forward=True as torchtitan's recipe does: the root's parameters (embeddings, the
