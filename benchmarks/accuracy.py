@@ -48,14 +48,20 @@ from zoo import ZOO, ModelParts, cast_model_and_inputs, example  # noqa: E402
 from advisor.calibration.peaks import gpu_peaks  # noqa: E402
 from advisor.calibration.reference import load_families  # noqa: E402
 from advisor.estimate.ops import DTYPE_FALLBACK, classify  # noqa: E402
-from advisor.estimate.parallel import Machines, Sharding, communication, sharded_step, step_collectives  # noqa: E402
+from advisor.estimate.parallel import (  # noqa: E402
+    Communication,
+    Sharding,
+    communication,
+    own_machine,
+    sharded_step,
+    step_collectives,
+)
 from advisor.estimate.step import StepTime, estimate_records  # noqa: E402
 from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.hardware.specs import GPUSpec  # noqa: E402
 from advisor.memory.estimate import StepMemory, device_memory  # noqa: E402
 from advisor.parallel.strategy import Layout  # noqa: E402
-from advisor.parallel.topology import node_link  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
     OpRecord,
     StepTrace,
@@ -412,12 +418,11 @@ MULTI_GPU_SOURCES = frozenset({"LAMBDA_V0"})
 DGX rows (NV_DLE_*) are 8-GPU only, with no 1-GPU row of the same run to give a scaling efficiency."""
 
 
-def data_parallel_s(published: Published, p: Predicted, gpus: int) -> tuple[float, object]:
-    """One rank's step on `gpus` of p's GPU in one machine (the link estimate.parallel's topology gives a
-    machine of the user's own), under DDP as DeepLearningExamples runs it: (seconds, Communication)."""
-    link = node_link(p.gpu, gpus)
-    assert link is not None, p.gpu.id
-    machines = Machines(gpus, gpus, next(i for i in published.db.interconnects if i.id == link), None, None)
+def data_parallel_s(published: Published, p: Predicted, gpus: int) -> tuple[float, Communication]:
+    """One rank's step on `gpus` of p's GPU in one machine (the link estimate.parallel.own_machine gives
+    it), under DDP as DeepLearningExamples runs it: (seconds, its communication)."""
+    machines = own_machine(published.db, p.gpu, gpus)
+    assert not isinstance(machines, str), machines
     layout = Layout("ddp", gpus, gpus)
     comm = communication(step_collectives(layout, Sharding.of_trace(p.trace), 1), machines, p.step, 1)
     return sharded_step(p.step, layout, comm).step_s, comm
@@ -449,8 +454,9 @@ def multi_gpu_rows(published: Published) -> tuple[list[Row], list[Row], list[str
                               gpus * p.throughput(p.step.step_s), row["metric"][6:]))
         single_row = singles.get((row["source_id"], row["model"], row["gpu"], row["precision"], row["metric"]))
         single = None if single_row is None else published.predict(single_row)
-        if single_row is None or isinstance(single, str) or single is None:
+        if single is None or isinstance(single, str):
             continue
+        assert single_row is not None
         measured = value / (gpus * float(single_row["value"]))
         ours = gpus * p.throughput(step_s) / (gpus * single.throughput(single.step.step_s))
         efficiency.append(Row(label, p.model, f"{gpus} GPUs", measured, ours, 1.0, "efficiency"))

@@ -190,16 +190,10 @@ def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets
 
 
 def _parallel_results(trace: Any, settings: Any, db: HardwareDB, targets: list[Any]) -> list[DeviceEstimate]:
-    """`trace` on settings.num_gpus GPUs of each target's type that a machine holds (estimate.plan's way)."""
-    from advisor.estimate.parallel import LayoutMemory, machines_for, strategies_for
-    from advisor.estimate.plan import estimate_parallel
+    """`trace` on settings.num_gpus GPUs of each target's type that a machine holds."""
+    from advisor.estimate.parallel import LayoutMemory
+    from advisor.estimate.plan import estimate_on_gpus, spreads
 
     layouts = LayoutMemory(trace, None)
-    results = []
-    for target in targets:
-        machines = None if target.gpu is None or target.local else machines_for(db, target.gpu, settings.num_gpus)
-        if machines is None or isinstance(machines, str):
-            continue
-        results.append(estimate_parallel(trace, settings, target, db, machines, layouts,
-                                         strategies_for(settings.parallel, machines.nodes)))
-    return results
+    found = [estimate_on_gpus(trace, settings, target, db, layouts) for target in targets if spreads(target)]
+    return [result for result in found if not isinstance(result, str)]

@@ -24,6 +24,7 @@ from advisor.memory.estimate import BatchMemoryModel, StepMemory
 from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
 from advisor.parallel.strategy import (
     FULLY_SHARDED,
+    LOW_PRECISION_SHARE,
     Collective,
     Layout,
     Units,
@@ -63,8 +64,6 @@ class Sharding:
     """The step runs under autocast: fully_shard then gathers the parameters in autocast's dtype
     (MixedPrecisionPolicy(param_dtype=autocast's, reduce_dtype=float32), as torchtitan runs it), so
     autocast's weight copies vanish and the gathers carry low-precision bytes."""
-    gathered_bytes: float = 0.0
-    """Every parameter as fully_shard gathers it: parameter_bytes, in autocast's dtype under autocast."""
 
     @classmethod
     def of_trace(cls, trace: StepTrace) -> Sharding:
@@ -73,14 +72,15 @@ class Sharding:
         weight_bytes = precision.weight_bytes
         held = trace.memory.held_at_start("weights")
         parameters = min(float((trace.total_params or trace.params) * weight_bytes), float(held))
-        mixed = precision.autocast is not None
-        gathered = parameters * precision.low_precision_copy_bytes / weight_bytes if mixed else parameters
         return cls(fsdp_units(trace.params_by_module), parameters, float(trace.params * weight_bytes),
-                   max(held - parameters, 0.0), mixed, gathered)
+                   max(held - parameters, 0.0), precision.autocast is not None)
 
     def gathered_by(self, strategy: str) -> float:
-        """Bytes of every parameter as `strategy` gathers or broadcasts them (bytes)."""
-        return self.gathered_bytes if strategy in FULLY_SHARDED else self.parameter_bytes
+        """Bytes of every parameter as `strategy` gathers or broadcasts them: as stored, or in autocast's
+        dtype where fully_shard gathers them under autocast."""
+        if self.mixed_precision and strategy in FULLY_SHARDED:
+            return self.parameter_bytes * LOW_PRECISION_SHARE
+        return self.parameter_bytes
 
 
 @dataclass(frozen=True)
@@ -135,14 +135,21 @@ def machines_for(db: HardwareDB, gpu: GPUSpec, gpus: int) -> Machines | str:
         if link is not None:
             network = None if offer.network is None else by_id[offer.network]
             return Machines(gpus, per_node, by_id[link], network, offer)
+    own = own_machine(db, gpu, gpus)
+    if isinstance(own, str) or gpus <= MAX_NODE_GPUS:
+        return own
+    sizes = sorted({o.gpus_per_instance for o in offers})
+    offered = f"; its instances hold {', '.join(map(str, sizes))}" if sizes else ""
+    return f"{gpus} {gpu.name} need several machines and no network between them is known{offered}"
+
+
+def own_machine(db: HardwareDB, gpu: GPUSpec, gpus: int) -> Machines | str:
+    """`gpus` of `gpu` in one machine of the user's own (no offer, no network), linked as
+    parallel.topology.node_link says; a sentence where no multi-GPU machine of it is known."""
     link = node_link(gpu, gpus)
     if link is None:
         return f"no multi-GPU machine of {gpu.name} is known"
-    if gpus > MAX_NODE_GPUS:
-        sizes = sorted({o.gpus_per_instance for o in offers})
-        offered = f"; its instances hold {', '.join(map(str, sizes))}" if sizes else ""
-        return f"{gpus} {gpu.name} need several machines and no network between them is known{offered}"
-    return Machines(gpus, gpus, by_id[link], None, None)
+    return Machines(gpus, gpus, next(i for i in db.interconnects if i.id == link), None, None)
 
 
 def scale_out_counts(db: HardwareDB, gpu: GPUSpec) -> list[int]:

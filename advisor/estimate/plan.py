@@ -478,6 +478,25 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
     return estimate_device(trace, settings, target, memory, db, lowered, pipeline, scaling, step)
 
 
+def spreads(target: EstimateTarget) -> bool:
+    """Whether a job can run on several GPUs of `target`'s type: a database GPU (this machine's GPUs
+    run alone)."""
+    return target.gpu is not None and not target.local
+
+
+def estimate_on_gpus(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
+                     layouts: LayoutMemory, lowered: Chunks | None = None,
+                     pipeline: PipelineProfile | None = None) -> DeviceEstimate | str:
+    """The job on settings.num_gpus GPUs of `target`'s type, on the machines that hold them, with the
+    strategies --parallel allows (estimate_parallel); a sentence where no machine holds them."""
+    assert target.gpu is not None and settings.num_gpus is not None
+    machines = machines_for(db, target.gpu, settings.num_gpus)
+    if isinstance(machines, str):
+        return machines
+    return estimate_parallel(trace, settings, target, db, machines, layouts,
+                             strategies_for(settings.parallel, machines.nodes), lowered, pipeline)
+
+
 def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
                  layouts: LayoutMemory, lowered: Chunks | None = None,
                  pipeline: PipelineProfile | None = None) -> DeviceEstimate | None:
@@ -492,7 +511,8 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
             continue
         strategies = strategies_for(settings.parallel, machines.nodes)
         lean = "fsdp" if "fsdp" in strategies else strategies[-1]
-        memory = device_memory(layouts.step(Layout(lean, count, machines.gpus_per_node)), target, target.memory_overhead, None, settings.memory.cuda_context_bytes,
+        memory = device_memory(layouts.step(Layout(lean, count, machines.gpus_per_node)), target,
+                               target.memory_overhead, None, settings.memory.cuda_context_bytes,
                                communicator_bytes(db, machines))
         if memory.fits:
             return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline)
@@ -599,15 +619,13 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
             results.append(estimate_device(cpu_trace, settings, target, memory, db))
             continue
-        spread = target.gpu is not None and not target.local  # this machine's GPUs run alone
+        spread = spreads(target)
         if gpus is not None and gpus > 1 and spread:
-            assert target.gpu is not None
-            machines = machines_for(db, target.gpu, gpus)
-            if isinstance(machines, str):
-                skipped.append((target.id, machines))
-                continue
-            results.append(estimate_parallel(trace, settings, target, db, machines, layouts,
-                                             strategies_for(settings.parallel, machines.nodes), lowered, pipeline))
+            result_or_why = estimate_on_gpus(trace, settings, target, db, layouts, lowered, pipeline)
+            if isinstance(result_or_why, str):
+                skipped.append((target.id, result_or_why))
+            else:
+                results.append(result_or_why)
             continue
         memory = device_memory(step, target, target.memory_overhead, batch_model, memory_settings.cuda_context_bytes)
         result = estimate_device(trace, settings, target, memory, db, lowered, pipeline)

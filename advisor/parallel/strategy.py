@@ -243,8 +243,8 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
         return memory
     strategy, shards = layout.strategy, layout.shards
     sharded = SHARDED[strategy]
-    dropped = frozenset({"weight_copies"}) if mixed_precision and strategy in FULLY_SHARDED else frozenset()
-    storages = [replace(s, nbytes=0) if s.category in dropped
+    no_copies = mixed_precision and strategy in FULLY_SHARDED
+    storages = [replace(s, nbytes=0) if no_copies and s.category == "weight_copies"
                 else replace(s, nbytes=math.ceil(s.nbytes / shards)) if s.category in sharded else s
                 for s in memory.storages]
     gradient_bytes = memory.total("gradients")
