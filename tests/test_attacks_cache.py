@@ -368,7 +368,7 @@ def test_a_read_that_fails_is_reported_not_raised(cache_dir: Path, monkeypatch: 
     (setting("series.0.fit.curve.alpha", -(10**400)), "series[0].fit.curve.alpha: saturating curve parameters must "
                                                       "be finite and not negative, got -100000000"),
     (setting("series.1.op", "gemm"), "series[1]: a second 'gemm/fp32' series"),
-    (setting("peaks.flops.fp64", 1e12), "peaks.flops.fp64: unknown name (expected one of fp32, tf32, bf16, fp16)"),
+    (setting("peaks.flops.fp64", 1e12), "peaks.flops.fp64: unknown name (expected one of fp32, tf32, bf16, fp16, fp8)"),
     (setting("peaks.flops.fp32", -1e11), "peaks.flops.fp32: must be a finite number above zero"),
     (setting("status", "guessed"), "status: 'guessed' is not one of measured, default"),
     (setting("software", ["torch"]), "software: expected a mapping, got a list"),

@@ -68,8 +68,8 @@ def test_users_exception_is_exit_2_with_their_lines(tmp_path: Path, capsys: pyte
 
 
 def test_bad_precision_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["profile", "mlp", "--precision", "fp8"]) == 2
-    assert "invalid choice: 'fp8'" in capsys.readouterr().err
+    assert main(["profile", "mlp", "--precision", "fp4"]) == 2
+    assert "invalid choice: 'fp4'" in capsys.readouterr().err
 
 
 def test_builtin_examples_are_found_from_another_directory(tmp_path: Path) -> None:

@@ -370,8 +370,8 @@ def test_cli_unknown_provider_suggests(capsys) -> None:
 
 
 def test_cli_bad_precision_is_a_usage_error(capsys) -> None:
-    assert main(["estimate", "mlp", "--precision", "fp8"]) == 2
-    assert "invalid choice: 'fp8'" in capsys.readouterr().err
+    assert main(["estimate", "mlp", "--precision", "fp4"]) == 2
+    assert "invalid choice: 'fp4'" in capsys.readouterr().err
 
 
 def test_cli_steps_and_samples_conflict(capsys) -> None:

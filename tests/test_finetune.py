@@ -255,3 +255,12 @@ def test_the_report_has_the_ways_to_make_it_fit(tmp_path: Path, capsys: pytest.C
     text = out.read_text()
     assert "## Ways to make it fit" in text and "\n1. " in text
     assert "Does not fit as asked; fits with" in text
+
+
+def test_named_models_are_built_with_fp32_master_weights() -> None:
+    pytest.importorskip("transformers")
+    config = hub.resolve_config("hf:meta-llama/Llama-3.2-1B")
+    assert config.config["torch_dtype"] == "bfloat16"  # the checkpoint's dtype, which from_config would use
+    with torch.device("meta"):
+        model = hub.build_function(config)()
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

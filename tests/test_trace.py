@@ -89,8 +89,8 @@ def test_fake_tensors_allocate_no_weights() -> None:
 
 
 def test_bad_settings_are_user_errors() -> None:
-    with pytest.raises(UserError, match="unknown precision 'fp8'"):
-        trace_training_step(mlp, inputs, 4, "fp8", "sgd")
+    with pytest.raises(UserError, match="unknown precision 'fp4'"):
+        trace_training_step(mlp, inputs, 4, "fp4", "sgd")
     with pytest.raises(UserError, match="unknown optimizer"):
         trace_training_step(mlp, inputs, 4, "fp32", "lion")
     with pytest.raises(UserError, match="batch size"):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from advisor.app.request import PlanRequest
 from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
+from advisor.profile.choices import precision_of
 from advisor.profile.model_file import ModelFile, load_model_file
 
 if TYPE_CHECKING:  # torch: only once a model is traced
@@ -37,8 +38,30 @@ def request_model(request: PlanRequest) -> ModelFile:
 
 def request_gpus(request: PlanRequest, db: HardwareDB) -> list[GPUSpec]:
     """The request's GPUs, each once (a UserError with the closest ids for an unknown one); every GPU
-    of the database when it names none."""
-    return [db.gpu(gpu_id) for gpu_id in dict.fromkeys(request.gpus)] or list(db.gpus)
+    of the database when it names none. Under --precision fp8 only GPUs with fp8 tensor cores: a named
+    one without them is a UserError, the database's others are left out."""
+    named = [db.gpu(gpu_id) for gpu_id in dict.fromkeys(request.gpus)]
+    if not wants_fp8(request):
+        return named or list(db.gpus)
+    lacking = [gpu for gpu in named if not has_fp8(gpu)]
+    if lacking:
+        alike = [gpu.id for gpu in db.gpus if has_fp8(gpu) and (gpu.vendor, gpu.segment) ==
+                 (lacking[0].vendor, lacking[0].segment)][:3]
+        raise UserError(f"--precision fp8: {', '.join(gpu.id for gpu in lacking)} "
+                        f"{'has' if len(lacking) == 1 else 'have'} no fp8 tensor cores (NVIDIA's Ada, Hopper and "
+                        f"Blackwell GPUs have them{', e.g. ' + ', '.join(alike) if alike else ''}); use --precision "
+                        "amp-bf16 there")
+    return [gpu for gpu in named or db.gpus if has_fp8(gpu)]
+
+
+def wants_fp8(request: PlanRequest) -> bool:
+    """Whether the request trains Linear layers in float8 (--precision fp8)."""
+    return request.precision is not None and precision_of(request.precision).float8
+
+
+def has_fp8(gpu: GPUSpec) -> bool:
+    """Whether the GPU has fp8 tensor cores (a dense fp8 figure in the hardware database)."""
+    return gpu.peaks.fp8_tensor is not None
 
 
 def targets_for(request: PlanRequest, db: HardwareDB, notify: Progress = _quiet,
@@ -52,7 +75,12 @@ def targets_for(request: PlanRequest, db: HardwareDB, notify: Progress = _quiet,
     families = load_families(db)
     targets = database_targets(db, request_gpus(request, db), families)
     if request.local:
-        targets = local_targets(db, families, notify, calibration_bar) + targets
+        local = local_targets(db, families, notify, calibration_bar)
+        lacking = [target.name for target in local if wants_fp8(request) and "fp8" not in target.device.profile.peaks.flops]
+        if lacking:
+            raise UserError(f"--precision fp8 needs fp8 tensor cores and {lacking[0]} has none; leave out --local "
+                            "or use --precision amp-bf16")
+        targets = local + targets
     return targets
 
 

@@ -184,13 +184,13 @@ class PlanRequest:
         return LANGUAGE_MODEL_PRECISION if model.seq_len is not None else DEFAULT_PRECISION
 
     def adaptation(self, precision: str) -> Adaptation:
-        """--lora, --lora-targets and --base-weights; with --lora under amp-bf16 the frozen base is bf16 unless
+        """--lora, --lora-targets and --base-weights; with --lora under amp-bf16 (or fp8) the frozen base is bf16 unless
         --base-weights says otherwise (from_pretrained(torch_dtype=torch.bfloat16), as fine-tuning scripts load
         it; under pure bf16 it is bf16 anyway)."""
         from advisor.profile.adapters import Adaptation
 
         base = self.base_weights
-        if base is None and self.lora is not None and precision == "amp-bf16":
+        if base is None and self.lora is not None and precision in ("amp-bf16", "fp8"):
             base = "bf16"
         return Adaptation(self.lora, self.lora_targets, base)
 

@@ -10,8 +10,9 @@ from advisor.calibration.checked import Fields, by_name, number
 from advisor.hardware.specs import GPUSpec
 from advisor.probe.cpu import CPUInfo
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
-"""Math precisions the suite measures: strict fp32, TF32 tensor math, bf16 and fp16."""
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+"""Math precisions a profile may time: strict fp32, TF32 tensor math, bf16, fp16 and fp8 (e4m3/e5m2 tensor
+math with fp32 accumulation; a GPU family's default gives it, the suite does not measure it yet)."""
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def cpu_peaks(cpu: CPUInfo) -> DevicePeaks:
 
 
 def gpu_peaks(gpu: GPUSpec) -> DevicePeaks:
-    """A database GPU's peaks: fp32 on its vector units, TF32/bf16/fp16 on tensor cores with fp32
-    accumulation (what cuBLAS does for torch's fp16 matmuls and autocast), dense, and its bandwidth."""
+    """A database GPU's peaks: fp32 on its vector units, TF32/bf16/fp16/fp8 on tensor cores with fp32
+    accumulation (what cuBLAS does for torch's fp16 matmuls and autocast, and cuBLASLt's fp8 GEMMs for
+    float8 training), dense, and its bandwidth."""
     peaks = gpu.peaks
     flops: dict[str, float] = {}
     for dtype, mode, fallback in (
@@ -105,6 +107,7 @@ def gpu_peaks(gpu: GPUSpec) -> DevicePeaks:
         ("tf32", "tf32_tensor", "fp32"),
         ("bf16", "bf16_tensor", None),
         ("fp16", "fp16_tensor", "fp16"),
+        ("fp8", "fp8_tensor", None),
     ):
         value = peaks.get(mode)
         if value is None and fallback is not None:

@@ -40,7 +40,8 @@ OPS = ("launch", *MEMORY_OPS, *COMPUTE_OPS)
 """Series the suite knows how to build, in the order they run: launch first, memory ops next (the
 compute ops' roofline needs the sustained bandwidth), compute ops last."""
 
-TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                "fp8": torch.float8_e4m3fn}
 LAYER_NORM_WIDTH = 1024
 """Elements per row of the layer_norm and softmax cases."""
 

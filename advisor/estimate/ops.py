@@ -57,13 +57,18 @@ FRESH_PAGES_MIN_BYTES = 32 * 2**20
 with pages fresh from the kernel and unmaps them on free: writing such an output faults every page in,
 every step. Smaller blocks are reused from the heap."""
 
-MATH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
-"""torch dtype names of low-precision tensor math -> calibration dtype."""
+HALF_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+"""torch dtype names of 16-bit floats -> calibration dtype."""
 
-DTYPE_FALLBACK = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32"}
+MATH_DTYPES = {"float8_e4m3fn": "fp8", "float8_e5m2": "fp8", **HALF_DTYPES}
+"""torch dtype names of low-precision tensor math -> calibration dtype, narrowest first (an fp8 GEMM also
+reads fp32 scales and writes bf16)."""
+
+DTYPE_FALLBACK = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32", "fp8": "bf16"}
 """A device with no unit (and so no series) for a dtype runs it on the next: cuBLAS computes fp16 and
 bf16 products with fp32 accumulation on CUDA cores where there are no tensor cores (Pascal; bf16 on
-Volta and Turing), and TF32 is strict fp32 there."""
+Volta and Turing), and TF32 is strict fp32 there. fp8 never runs without its units (the planner refuses
+such GPUs); a profile without an fp8 series times it as bf16."""
 
 SMALL_GROUP_CHANNELS = 32
 """A grouped convolution whose groups have fewer output channels than this (depthwise ones, and
@@ -96,7 +101,7 @@ WINOGRAD_MIN_CHANNELS = 48
 """cuDNN chose Winograd for 3x3 convolutions with at least 48 input and output channels and implicit
 GEMM below (cuDNN 5 heuristics, measured by the waifu2x developers, nagadomi/waifu2x#122)."""
 
-TENSOR_CORE_DTYPES = frozenset({"tf32", "fp16", "bf16"})
+TENSOR_CORE_DTYPES = frozenset({"tf32", "fp16", "bf16", "fp8"})
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,7 @@ def storage_dtype(record: OpRecord) -> str:
     """Calibration dtype of a memory op: the widest float it reads (fp32 unless it reads only halves)."""
     if "float32" in record.dtypes or not record.dtypes:
         return "fp32"
-    return next((dtype for name, dtype in MATH_DTYPES.items() if name in record.dtypes), "fp32")
+    return next((dtype for name, dtype in HALF_DTYPES.items() if name in record.dtypes), "fp32")
 
 
 def memory_series(op: str) -> str:

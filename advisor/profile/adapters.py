@@ -71,6 +71,10 @@ def linear_features(module: nn.Module) -> tuple[int, int]:
     return int(rows), int(cols)
 
 
+LORA_ADAPTERS = ("lora_A", "lora_B")
+"""Names of a LoRALinear's adapter layers."""
+
+
 class LoRALinear(nn.Module):
     """A Linear (or Conv1D) with a LoRA adapter beside it, computed as peft's LoraLayer computes it."""
 
@@ -165,11 +169,11 @@ def _add_lora(model: nn.Module, rank: int, targets: tuple[str, ...], dtype: torc
     for param in model.parameters():
         param.requires_grad_(False)
     for name, module in chosen:
-        _replace_module(model, name, LoRALinear(module, rank, dtype))
+        replace_module(model, name, LoRALinear(module, rank, dtype))
     return len(chosen)
 
 
-def _replace_module(model: nn.Module, name: str, replacement: nn.Module) -> None:
+def replace_module(model: nn.Module, name: str, replacement: nn.Module) -> None:
     """Put `replacement` where the submodule called `name` ("layers.0.q_proj") is."""
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, replacement)
@@ -185,7 +189,7 @@ def _quantize_frozen_linears(model: nn.Module, form: str) -> int:
               if name and is_linear(module) and id(module) not in heads and not module.weight.requires_grad]
     for name, module in chosen:
         in_features, out_features = linear_features(module)
-        _replace_module(model, name, FrozenQuantizedLinear(in_features, out_features, module.bias, form,
+        replace_module(model, name, FrozenQuantizedLinear(in_features, out_features, module.bias, form,
                                                            module.weight.device))
     return len(chosen)
 

@@ -21,11 +21,15 @@ class Precision:
     weights stay fp32 ("bf16", "fp16")."""
     tf32: bool = False
     """fp32 matmuls run on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)."""
+    float8: bool = False
+    """Linear layers run as float8 training runs them (profile/float8.py: TransformerEngine's and torchao's
+    Float8Linear), everything else under `autocast`."""
 
     @property
     def matmul_dtype(self) -> str:
-        """The dtype the step's matrix products run in: autocast's or the cast dtype, TF32, else fp32."""
-        return self.autocast or self.cast or ("tf32" if self.tf32 else "fp32")
+        """The dtype the step's (Linear layers') matrix products run in: fp8, autocast's or the cast dtype,
+        TF32, else fp32."""
+        return "fp8" if self.float8 else self.autocast or self.cast or ("tf32" if self.tf32 else "fp32")
 
     @property
     def grad_scaler(self) -> bool:
@@ -39,7 +43,8 @@ class Precision:
 
     @property
     def low_precision_copy_bytes(self) -> int:
-        """Bytes per weight of autocast's low-precision copy (0 without autocast)."""
+        """Bytes per weight of autocast's low-precision copy (0 without autocast). Under fp8 a Linear
+        weight's copies are its float8 codes and their transpose: 2 bytes too."""
         return 2 if self.autocast else 0
 
 
@@ -50,10 +55,12 @@ PRECISION_TABLE = (
     Precision("amp-bf16", autocast="bf16"),
     Precision("bf16", cast="bf16"),
     Precision("fp16", cast="fp16"),
+    Precision("fp8", autocast="bf16", float8=True),
 )
 PRECISION_BY_NAME = {p.name: p for p in PRECISION_TABLE}
 PRECISIONS = tuple(PRECISION_BY_NAME)
-"""The --precision choices: fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast), bf16/fp16 (pure)."""
+"""The --precision choices: fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast), bf16/fp16 (pure), fp8 (float8
+Linear layers, bf16 autocast elsewhere; GPUs with fp8 tensor cores only)."""
 
 
 def precision_of(name: str) -> Precision:
@@ -116,6 +123,6 @@ master weights and optimizer state)."""
 DEFAULT_PRECISION = "fp32"
 """The precision when none is asked for, for other models."""
 
-BF16_BASE_PRECISIONS = ("amp-bf16", "amp-fp16", "bf16")
+BF16_BASE_PRECISIONS = ("amp-bf16", "amp-fp16", "bf16", "fp8")
 """Precisions that compute in 16 bits, where frozen bf16 weights can be used (the others compute in fp32)."""
 

@@ -153,7 +153,14 @@ def baddbmm_flops(args: tuple, named: dict, out: Any) -> float:
     return bmm_flops(args[1:], named, out)
 
 
-@register_shape(aten.mm)
+@register(*_ops("_scaled_mm"), matmul=True)
+def scaled_mm_flops(args: tuple, named: dict, out: Any) -> float:
+    """fp8 [m, k] @ [k, n] with per-tensor scales (cuBLASLt's fp8 GEMM; profile/float8.py): 2 * m * n * k,
+    the scales applied in its epilogue."""
+    return mm_flops(args, named, out)
+
+
+@register_shape(aten.mm, *_ops("_scaled_mm"))
 def mm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
     (m, k), n = args[0].shape, args[1].shape[1]
     return 1, int(m), int(n), int(k)
@@ -487,6 +494,12 @@ code map, counted as its 8 compares): an estimate; the kernel is memory-bound.""
 def adamw8bit_flops(args: tuple, named: dict, out: Any) -> float:
     """quantized.py's 8-bit AdamW update of one parameter."""
     return float(ADAMW8BIT_FLOPS_PER_ELEMENT * args[0].numel())
+
+
+@register("advisor::float8_cast_transpose")
+def float8_cast_flops(args: tuple, named: dict, out: Any) -> float:
+    """float8.py's cast: per element its absolute value into the amax, a scale and a conversion."""
+    return 3.0 * args[0].numel()
 
 
 @register("advisor::dequantize_blockwise")

@@ -240,8 +240,16 @@ def task_of(config: dict[str, Any]) -> str:
     return "seq2seq" if config.get("is_encoder_decoder") else "causal"
 
 
+IGNORED_CONFIG_KEYS = ("auto_map", "_name_or_path", "torch_dtype", "dtype")
+"""Config keys the model is not built from: remote code, the checkpoint's path, and the dtype its weights were
+saved in. transformers 5's from_config builds in that dtype (bf16 for most LLM configs); the trace builds in
+torch's default fp32, the master weights mixed precision keeps, and --precision decides the rest (pure bf16
+casts the model; --lora under amp-bf16 or fp8 keeps the frozen base in bf16)."""
+
+
 def transformers_config(hub: HubConfig) -> Any:
-    """The config as transformers' class for its model_type, with the KV cache off (training)."""
+    """The config as transformers' class for its model_type, with the KV cache off (training), without the
+    keys of IGNORED_CONFIG_KEYS."""
     transformers = _transformers()
     model_type = hub.config["model_type"]
     try:
@@ -249,7 +257,7 @@ def transformers_config(hub: HubConfig) -> Any:
     except KeyError:
         raise UserError(f"{hub.name}: transformers {transformers.__version__} does not know model_type "
                         f"'{model_type}'; a newer transformers may (pip install -U transformers)") from None
-    settings = {k: v for k, v in hub.config.items() if k not in ("auto_map", "_name_or_path")}
+    settings = {k: v for k, v in hub.config.items() if k not in IGNORED_CONFIG_KEYS}
     config = config_class.from_dict(settings)
     config.use_cache = False
     return config

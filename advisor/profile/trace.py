@@ -45,6 +45,7 @@ from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
 from advisor.profile.finite import FiniteActivations
+from advisor.profile.float8 import convert_to_float8
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
 from advisor.profile.repeated import (
@@ -704,6 +705,8 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             _convert_floating_point(model, dtype)
             inputs = cast_inputs(inputs, dtype)
         adapted = _adapt(model, setup)
+        if precision_of(setup.precision).float8:
+            adapted = "; ".join(filter(None, (adapted, f"float8: {convert_to_float8(model)} Linear layers")))
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
