@@ -9,6 +9,12 @@
 2b. Published multi-GPU rows: Lambda's 2-, 4- and 8-GPU machines, DDP on the machine's own link, their
    aggregate throughput and their scaling efficiency (N-GPU / N x 1-GPU throughput), beside a baseline
    that scales our one-GPU prediction linearly (issue #25).
+2c. Published rows on newer GPUs (../shared/validation/published-throughput-newer.csv, issue #28): Ada,
+   Hopper and Blackwell (with Ampere references), single GPUs and up to 8 in one machine, each run built as
+   its source ran it (benchmarks/newer_rows.py), the others listed as skipped with their reason. Parts
+   `published` and `newer` also print the median error per architecture family (Pascal ... Blackwell) beside
+   the bare roofline's, against the issue's bar (15% for each family with at least 5 rows), and `newer` a
+   table over both files.
 3. Real GPU runs: training steps measured on a GPU by benchmarks/gpu_groundtruth.py (one folder per GPU
    and date under benchmarks/results/groundtruth/), against the estimate for that GPU recomputed now.
 
@@ -16,7 +22,7 @@ The bare roofline times every op of the same trace at 75% of the device's peak F
 dtype and 75% of its bandwidth (the sustained bandwidth on the CPU, which has no datasheet figure),
 max of the two, summed: no calibration, no size effects, no overheads.
 
-    python benchmarks/accuracy.py [--part cpu|published|multi|gpu|all] [--out benchmarks/results/accuracy.txt]
+    python benchmarks/accuracy.py [--part cpu|published|multi|newer|gpu|all] [--out benchmarks/results/accuracy.txt]
         [--summary calibration/accuracy.yaml]
 """
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import gc
 import json
 import os
@@ -32,8 +39,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest import mock
 
@@ -43,8 +50,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from heldout import HELDOUT, available  # noqa: E402
-from zoo import ZOO, ModelParts, cast_model_and_inputs, example  # noqa: E402
+from newer_rows import FAMILIES, PlanRun, VisionRun, family_name, largest_fitting_batch, read_newer, run_of  # noqa: E402
+from zoo import ModelParts, cast_model_and_inputs, example, zoo_parts  # noqa: E402
 
+from advisor.app.plan import plan  # noqa: E402
 from advisor.calibration.peaks import gpu_peaks  # noqa: E402
 from advisor.calibration.reference import load_families  # noqa: E402
 from advisor.estimate.ops import DTYPE_FALLBACK, classify  # noqa: E402
@@ -58,9 +67,10 @@ from advisor.estimate.parallel import (  # noqa: E402
 )
 from advisor.estimate.step import StepTime, estimate_records  # noqa: E402
 from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
+from advisor.errors import UserError  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.hardware.specs import GPUSpec  # noqa: E402
-from advisor.memory.estimate import StepMemory, device_memory  # noqa: E402
+from advisor.memory.estimate import DeviceMemory, StepMemory, device_memory  # noqa: E402
 from advisor.parallel.strategy import Layout  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
     OpRecord,
@@ -109,6 +119,8 @@ class Row:
     ours: float
     bare: float
     unit: str
+    family: str = ""
+    """The GPU's architecture family (newer_rows.FAMILIES; "" for a CPU)."""
 
 
 def summary(rows: list[Row], title: str, baseline: str = "bare roofline") -> list[str]:
@@ -128,14 +140,54 @@ def summary_figures(rows: list[Row], what: str, baseline: str = "bare_roofline")
             f"{baseline}_mean_abs_error": round(statistics.mean(bare), 4)}
 
 
-def grouped(rows: list[Row], key: Callable[[Row], str], heading: str, baseline: str = "bare roofline") -> list[str]:
+def groups_of(rows: list[Row], key: Callable[[Row], str], order: Sequence[str] = ()) -> dict[str, list[Row]]:
+    """The rows by `key`, the keys in `order` first (as listed) and the others sorted after them."""
     groups: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         groups[key(row)].append(row)
+    return {name: groups[name] for name in [*(o for o in order if o in groups), *sorted(set(groups) - set(order))]}
+
+
+def grouped(rows: list[Row], key: Callable[[Row], str], heading: str, baseline: str = "bare roofline",
+            order: Sequence[str] = ()) -> list[str]:
     lines = [f"\n{heading}"]
-    for name in sorted(groups):
-        lines += summary(groups[name], f"  {name}", baseline)
+    for name, members in groups_of(rows, key, order).items():
+        lines += summary(members, f"  {name}", baseline)
     return lines
+
+
+FAMILY_BAR = 0.15
+"""Issue #28's bar: median |error| at most 15% for every architecture family ..."""
+FAMILY_BAR_ROWS = 5
+"""... that has at least 5 rows."""
+
+
+def family_verdict(rows: list[Row]) -> str:
+    """Whether one family's rows meet FAMILY_BAR: "met", "not met", or why it is not judged."""
+    if len(rows) < FAMILY_BAR_ROWS:
+        return f"not judged (fewer than {FAMILY_BAR_ROWS} rows)"
+    median = statistics.median(abs(error(r.ours, r.measured)) for r in rows)
+    return "met" if median <= FAMILY_BAR else "not met"
+
+
+def family_table(rows: list[Row], heading: str) -> list[str]:
+    """Median (and mean) |error| per architecture family, oldest first, beside the bare roofline's, each with
+    the issue's bar (FAMILY_BAR for families of at least FAMILY_BAR_ROWS rows) met or not."""
+    lines = [f"\n{heading} (bar: median at most {FAMILY_BAR:.0%} for each family of {FAMILY_BAR_ROWS}+ rows)"]
+    for name, members in groups_of(rows, lambda r: r.family, FAMILIES).items():
+        lines.append(f"{summary(members, f'  {name}')[0]}   bar: {family_verdict(members)}")
+    return lines
+
+
+def family_figures(rows: list[Row]) -> dict[str, dict[str, object]]:
+    """Per architecture family: rows, median |error| (ours and the bare roofline's) and the bar's verdict,
+    for calibration/accuracy.yaml."""
+    return {name: {"rows": len(members),
+                   "median_abs_error": round(statistics.median(abs(error(r.ours, r.measured)) for r in members), 4),
+                   "bare_roofline_median_abs_error":
+                       round(statistics.median(abs(error(r.bare, r.measured)) for r in members), 4),
+                   "bar": family_verdict(members)}
+            for name, members in groups_of(rows, lambda r: r.family, FAMILIES).items()}
 
 
 def table(rows: list[Row], baseline: str = "bare") -> list[str]:
@@ -324,6 +376,25 @@ def size_of(row: dict[str, str]) -> int | None:
 
 
 @dataclass(frozen=True)
+class Case:
+    """One single-GPU run as the tool traces it: its model (a zoo entry or a timm model), image size or
+    sequence length, batch, precision, optimizer and memory format."""
+
+    model: str
+    size: int | None
+    batch: int
+    precision: str
+    optimizer: str | None
+    """None: the source times no optimizer step (traced with SGD, left out of the time)."""
+    channels_last: bool = False
+
+    def parts(self) -> ModelParts | str:
+        """The model's parts in the case's memory format, or why they cannot be built here (timm missing)."""
+        parts = zoo_parts(self.model, self.size)
+        return channels_last(parts) if self.channels_last and not isinstance(parts, str) else parts
+
+
+@dataclass(frozen=True)
 class Predicted:
     """One published row as the tool sees it: the step traced as its source ran it, timed on its GPU."""
 
@@ -344,14 +415,16 @@ class Predicted:
 
 
 class Published:
-    """The published rows' hardware, labels and traces (each traced once per model, size, batch,
-    precision, optimizer and layout, shared by the single- and multi-GPU rows)."""
+    """The published rows' hardware, labels and traces (each traced once per Case, shared by the single-
+    and multi-GPU rows and by the newer rows' batch search)."""
 
     def __init__(self) -> None:
         self.db = load_hwdb([])
         self.families = load_families(self.db)
         self.labels = yaml.safe_load(GPU_LABELS.read_text())["labels"]
-        self.traces: dict[tuple, StepTrace] = {}
+        self.traces: dict[Case, StepTrace] = {}
+        self.plans: dict[tuple, tuple[StepTrace, StepTrace]] = {}
+        """Steps traced through app.plan (at the batch and twice it), by PlanRequest.trace_key()."""
         with VALIDATION.open(newline="") as handle:
             self.rows = list(csv.DictReader(handle))
 
@@ -368,22 +441,42 @@ class Published:
             return f"precision {row['precision']}"
         if row["metric"] not in SAMPLE_METRICS and row["metric"] != "train_step_time_ms_median":
             return f"metric {row['metric']}"
-        batch, size, optimizer = int(row["batch_size_per_gpu"]), size_of(row), optimizer_of(row)
-        nhwc = channels_last_of(row)
-        key = (zoo_name, size, batch, precision, optimizer, nhwc)
-        if key not in self.traces:
-            print(f"advisor: tracing {key}", file=sys.stderr, flush=True)
-            parts = channels_last(ZOO[zoo_name](size)) if nhwc else ZOO[zoo_name](size)
-            self.traces[key] = trace_case(parts, batch, precision, optimizer or "sgd", attention="cuda")
-        trace = self.traces[key]
-        records = [r for r in trace.records if optimizer is not None or r.phase != "optimizer"]
+        case = Case(zoo_name, size_of(row), int(row["batch_size_per_gpu"]), precision, optimizer_of(row),
+                    channels_last_of(row))
+        return self.predict_case(case, gpu, f"{row['source_id']}: {zoo_name} b{case.batch} {row['precision'][:9]} "
+                                            f"on {gpu.id}")
+
+    def trace(self, case: Case) -> StepTrace | str:
+        """The case's step traced as for a GPU (once per case), or why it cannot be built here."""
+        if case not in self.traces:
+            parts = case.parts()
+            if isinstance(parts, str):
+                return parts
+            print(f"advisor: tracing {case}", file=sys.stderr, flush=True)
+            self.traces[case] = trace_case(parts, case.batch, case.precision, case.optimizer or "sgd",
+                                           attention="cuda")
+        return self.traces[case]
+
+    def memory(self, case: Case, gpu: GPUSpec) -> DeviceMemory | str:
+        """The case's peak memory on `gpu` (the database's overheads, no batch line), or why not traced."""
+        trace = self.trace(case)
+        if isinstance(trace, str):
+            return trace
         target = database_targets(self.db, [gpu], self.families)[0]
-        memory = device_memory(StepMemory.of_trace(trace), target, target.memory_overhead)
-        step = estimate_records(records, precision, target.device)
-        peaks = gpu_peaks(gpu)
-        bare = bare_roofline_seconds(records, precision, peaks.flops, gpu.bandwidth_bytes_per_s, gpu=True)
-        label = f"{row['source_id']}: {zoo_name} b{batch} {row['precision'][:9]} on {gpu.id}"
-        return Predicted(label, zoo_name, gpu, batch, trace, records, step, bare, memory.fits, memory.peak_bytes)
+        return device_memory(StepMemory.of_trace(trace), target, target.memory_overhead)
+
+    def predict_case(self, case: Case, gpu: GPUSpec, label: str) -> Predicted | str:
+        """The case timed on `gpu`, with its memory and the bare roofline; or why it is skipped."""
+        trace, memory = self.trace(case), self.memory(case, gpu)
+        if isinstance(trace, str) or isinstance(memory, str):
+            return str(trace if isinstance(trace, str) else memory)
+        records = [r for r in trace.records if case.optimizer is not None or r.phase != "optimizer"]
+        target = database_targets(self.db, [gpu], self.families)[0]
+        step = estimate_records(records, case.precision, target.device)
+        bare = bare_roofline_seconds(records, case.precision, gpu_peaks(gpu).flops, gpu.bandwidth_bytes_per_s,
+                                     gpu=True)
+        return Predicted(label, case.model, gpu, case.batch, trace, records, step, bare, memory.fits,
+                         memory.peak_bytes)
 
 
 def published_rows(published: Published) -> tuple[list[Row], list[str], list[str]]:
@@ -399,10 +492,11 @@ def published_rows(published: Published) -> tuple[list[Row], list[str], list[str
         if not p.fits:
             unfit.append(f"{p.label}: {p.peak_bytes / 2**30:.1f} GiB predicted, {p.gpu.memory_bytes / 2**30:.1f} GiB card")
         if row["metric"] == "train_step_time_ms_median":
-            rows.append(Row(p.label, p.model, p.gpu.id, value, p.step.step_s * 1e3, p.bare_s * 1e3, "ms/step"))
+            rows.append(Row(p.label, p.model, p.gpu.id, value, p.step.step_s * 1e3, p.bare_s * 1e3, "ms/step",
+                            family_name(p.gpu.architecture)))
         else:
             rows.append(Row(p.label, p.model, p.gpu.id, value, p.throughput(p.step.step_s), p.throughput(p.bare_s),
-                            row["metric"][6:]))
+                            row["metric"][6:], family_name(p.gpu.architecture)))
     return rows, skipped_lines(skipped), unfit
 
 
@@ -451,7 +545,7 @@ def multi_gpu_rows(published: Published) -> tuple[list[Row], list[Row], list[str
         step_s, comm = data_parallel_s(published, p, gpus)
         label = f"{p.label} x{gpus}"
         throughput.append(Row(label, p.model, f"{gpus} GPUs", value, gpus * p.throughput(step_s),
-                              gpus * p.throughput(p.step.step_s), row["metric"][6:]))
+                              gpus * p.throughput(p.step.step_s), row["metric"][6:], family_name(p.gpu.architecture)))
         single_row = singles.get((row["source_id"], row["model"], row["gpu"], row["precision"], row["metric"]))
         single = None if single_row is None else published.predict(single_row)
         if single is None or isinstance(single, str):
@@ -459,8 +553,176 @@ def multi_gpu_rows(published: Published) -> tuple[list[Row], list[Row], list[str
         assert single_row is not None
         measured = value / (gpus * float(single_row["value"]))
         ours = gpus * p.throughput(step_s) / (gpus * single.throughput(single.step.step_s))
-        efficiency.append(Row(label, p.model, f"{gpus} GPUs", measured, ours, 1.0, "efficiency"))
+        efficiency.append(Row(label, p.model, f"{gpus} GPUs", measured, ours, 1.0, "efficiency",
+                              family_name(p.gpu.architecture)))
     return throughput, efficiency, skipped_lines(skipped)
+
+
+# ----------------------------------------------------------------------------- 2c. newer GPUs (issue #28)
+
+
+METRIC_UNITS = {
+    "train_step_time_ms_median": "ms/step",
+    "train_tokens_per_s_per_gpu": "tokens/s/GPU",
+    "train_tokens_per_s": "tokens/s",
+    "train_samples_per_s": "samples/s",
+    "train_images_per_s": "images/s",
+    "train_sequences_per_s": "sequences/s",
+    "train_tflops_per_gpu": "TFLOP/s/GPU",
+}
+"""The newer file's metrics and their units. `*_per_gpu` is per GPU; the other throughputs of multi-GPU rows
+are aggregates (SOURCES-newer.md; torchtune's are assumed so)."""
+
+
+def published_metric(metric: str, step_s: float, samples: int, tokens: int | None, gpus: int, flops: float) -> float:
+    """A published metric from one optimizer step of `step_s` seconds that trains `samples` samples over all
+    `gpus` GPUs, `tokens` tokens each (None: not a sequence model), `flops` FLOPs on each GPU: milliseconds a
+    step, samples or tokens per second (aggregate, or per GPU for *_per_gpu), or TFLOP/s per GPU (the tool's
+    MFU numerator: the step's every counted FLOP, recomputation included)."""
+    if metric == "train_step_time_ms_median":
+        return step_s * 1e3
+    if metric == "train_tflops_per_gpu":
+        return flops / step_s / 1e12
+    per_second = samples * (tokens if metric.startswith("train_tokens") else 1) / step_s
+    return per_second / gpus if metric.endswith("_per_gpu") else per_second
+
+
+def bare_step_seconds(trace: StepTrace, precision: str, gpu: GPUSpec, accumulation: int, shards: int) -> float:
+    """The bare roofline of one optimizer step on one GPU: the traced micro-batch's forward and backward
+    `accumulation` times, and 1/`shards` of the optimizer (ZeRO and FSDP shard it); no communication."""
+    peaks, bandwidth = gpu_peaks(gpu).flops, gpu.bandwidth_bytes_per_s
+    micro = bare_roofline_seconds([r for r in trace.records if r.phase != "optimizer"], precision, peaks, bandwidth,
+                                  gpu=True)
+    optimizer = bare_roofline_seconds([r for r in trace.records if r.phase == "optimizer"], precision, peaks,
+                                      bandwidth, gpu=True)
+    return micro * accumulation + optimizer / shards
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One newer row predicted: the row to compare, and whether the tool says the run fits its GPUs."""
+
+    row: Row
+    fits: bool
+    peak_bytes: int
+    capacity_bytes: int
+
+
+def vision_outcome(published: Published, row: dict[str, str], run: VisionRun, gpu: GPUSpec,
+                   searched: list[str]) -> Outcome | str:
+    """A timm benchmark.py run on one GPU; where the source gives no batch, the largest of 256, 224, ..., 32
+    that the tool's memory estimate fits on `gpu` (newer_rows.largest_fitting_batch), noted in `searched`."""
+    batch = run.batch
+    if batch is None:
+        base = Case(run.model, run.size, 0, run.precision, run.optimizer)
+
+        def fits(candidate: int) -> bool:
+            memory = published.memory(replace(base, batch=candidate), gpu)
+            return not isinstance(memory, str) and memory.fits
+        parts = base.parts()
+        if isinstance(parts, str):  # timm cannot be imported
+            return parts
+        batch = largest_fitting_batch(fits)
+        if batch is None:
+            return "no batch of 256 down to 32 fits (our memory estimate)"
+        searched.append(f"{row['source_id']}: {run.model} {run.precision} on {gpu.id}: batch {batch}")
+    mark = "~" if run.batch is None else ""
+    case = Case(run.model, run.size, batch, run.precision, run.optimizer)
+    p = published.predict_case(case, gpu, f"{row['source_id']}: {run.model} b{mark}{batch} {run.precision} on {gpu.id}")
+    if isinstance(p, str):
+        return p
+    return Outcome(Row(p.label, p.model, gpu.id, float(row["value"]), p.throughput(p.step.step_s),
+                       p.throughput(p.bare_s), METRIC_UNITS[row["metric"]], family_name(gpu.architecture)),
+                   p.fits, p.peak_bytes, gpu.memory_bytes)
+
+
+def plan_outcome(published: Published, row: dict[str, str], run: PlanRun, gpu: GPUSpec) -> Outcome | str:
+    """The run estimated as `advisor estimate` estimates it (app.plan.plan on its PlanRequest; several GPUs
+    through estimate_on_gpus with the run's strategy), its two traces kept for the rows that share them."""
+    try:
+        request = run.request(gpu.id)
+        key = request.trace_key()
+        print(f"advisor: estimating {row['source_id']} {row['model']} on {gpu.id}", file=sys.stderr, flush=True)
+        estimate = plan(request, published.db, traces=published.plans.get(key))
+    except UserError as exc:
+        return str(exc)
+    assert estimate.second is not None
+    published.plans[key] = (estimate.trace, estimate.second)
+    result = estimate.results[0]
+    scaling = result.scaling
+    shards = 1 if scaling is None or scaling.layout.strategy == "ddp" else scaling.layout.shards
+    bare_s = bare_step_seconds(estimate.trace, run.precision, gpu, run.accumulation, shards)
+    measure = functools.partial(published_metric, row["metric"], samples=result.global_batch_size,
+                                tokens=run.seq_len, gpus=result.num_gpus, flops=result.step_flops)
+    lora = f" r{run.lora}" if run.lora else ""
+    micro = f"/{run.micro_batch}" if run.micro_batch and run.micro_batch != run.batch else ""
+    where = f"{gpu.id} x{run.gpus} {run.strategy}" if run.gpus > 1 else gpu.id
+    label = (f"{row['source_id']}: {run.model.split('/')[-1]}{lora} b{run.batch}{micro} {run.precision}"
+             f"{' ckpt' if run.checkpointing else ''} on {where}")
+    return Outcome(Row(label, run.model, gpu.id, float(row["value"]), measure(result.step.step_s), measure(bare_s),
+                       METRIC_UNITS[row["metric"]], family_name(gpu.architecture)),
+                   result.fits, result.memory.peak_bytes, result.memory.capacity_bytes)
+
+
+@dataclass(frozen=True)
+class Newer:
+    """Part newer's results: the rows compared, why the others were skipped (counted), the runs the tool
+    calls "does not fit", the batches the search chose and the assumptions made (counted)."""
+
+    rows: list[Row]
+    skipped: list[str]
+    unfit: list[str]
+    searched: list[str]
+    assumptions: list[str]
+
+
+def predict_newer(published: Published) -> Newer:
+    """Every row of the newer file the tool can express (newer_rows.run_of), predicted on its GPU(s)."""
+    rows, unfit, searched = [], [], []
+    skipped: dict[str, int] = defaultdict(int)
+    assumptions: dict[str, int] = defaultdict(int)
+    for row in read_newer():
+        gpu_id = published.labels[row["gpu"]]
+        run = run_of(row, published.db.has(gpu_id))
+        if isinstance(run, str):
+            skipped[run] += 1
+            continue
+        gpu = published.db.gpu(gpu_id)
+        outcome = (vision_outcome(published, row, run, gpu, searched) if isinstance(run, VisionRun)
+                   else plan_outcome(published, row, run, gpu))
+        if isinstance(outcome, str):
+            skipped[outcome] += 1
+            continue
+        rows.append(outcome.row)
+        if isinstance(run, PlanRun) and run.assumption:
+            assumptions[run.assumption] += 1
+        if not outcome.fits:
+            unfit.append(f"{outcome.row.label}: {outcome.peak_bytes / 2**30:.1f} GiB predicted, "
+                         f"{outcome.capacity_bytes / 2**30:.1f} GiB card")
+    return Newer(rows, skipped_lines(skipped), unfit, searched, skipped_lines(assumptions))
+
+
+def newer_lines(newer: Newer, tuned: list[Row]) -> list[str]:
+    """Part newer's report: every row, medians by source, metric and family, the family table over both files
+    (`tuned`: the published single-GPU rows), and what was not fitted, searched, assumed and skipped."""
+    rows = newer.rows
+    return ["", "2c. Published rows on newer GPUs (../shared/validation/published-throughput-newer.csv), each run as "
+                "its source ran it (benchmarks/newer_rows.py)",
+            "b~N: batch not published (NikolasEnt 2025), the largest of 256, 224, ..., 32 our memory estimate fits; "
+            "b/M: micro-batch M; x N strategy: N GPUs of one machine; bare roofline: no communication",
+            *table(rows), "", *summary(rows, "newer rows, all"),
+            *grouped(rows, lambda r: r.label.split(":")[0], "by source:"),
+            *grouped(rows, lambda r: r.unit, "by metric:"),
+            *grouped(rows, lambda r: r.device, "by GPU:"),
+            *family_table(rows, "by architecture family, newer rows"),
+            *family_table(tuned + rows, "by architecture family, both files (published single-GPU and newer rows)"),
+            "", f"called 'does not fit' (each ran on those GPUs; target 0): {len(newer.unfit)} of {len(rows)} rows",
+            *(f"  {u}" for u in newer.unfit),
+            "", "batches chosen by the search (NikolasEnt 2025: 256, then 32 fewer until it fits):",
+            *(f"  {s}" for s in newer.searched),
+            "", "assumptions (rows):", *(f"  {a}" for a in newer.assumptions),
+            "", f"skipped {sum(int(s.split(' x ')[0]) for s in newer.skipped)} rows:",
+            *(f"  {s}" for s in newer.skipped)]
 
 
 # ----------------------------------------------------------------------------- 3. real GPU runs
@@ -497,7 +759,7 @@ def gpu_rows() -> tuple[list[Row], list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("cpu", "published", "multi", "gpu", "all"), default="all")
+    parser.add_argument("--part", choices=("cpu", "published", "multi", "newer", "gpu", "all"), default="all")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     parser.add_argument("--summary", type=Path, help="also write the medians to this YAML file (the planning "
                         "report quotes calibration/accuracy.yaml)")
@@ -516,21 +778,28 @@ def main() -> int:
                            "CPU, held-out models (heldout.py)")]
         summaries["cpu"] = summary_figures(rows, "step time of real training steps on the benchmark machine's CPU "
                                            "against the --local prediction")
+    by_family: dict[str, dict[str, object]] = {}
+    """Per-family tables for calibration/accuracy.yaml's `by_family`: published, newer, combined."""
+    published: Published | None = None
+    tuned: list[Row] | None = None
     if args.part in ("published", "all"):
         published = Published()
-        rows, skipped, unfit = published_rows(published)
+        tuned, skipped, unfit = published_rows(published)
+        rows = tuned
         summaries["published"] = summary_figures(rows, "training throughput of published single-GPU measurements "
                                                  "(vendors' and labs' benchmark pages) against the prediction for that GPU")
+        by_family["published"] = {"families": family_figures(rows)}
         lines += ["", "2. Published single-GPU rows (../shared/validation/published-throughput.csv)", *table(rows),
                   "", *summary(rows, "published rows, all"),
                   *grouped(rows, lambda r: r.model, "by model:"),
                   *grouped(rows, lambda r: r.device, "by GPU:"),
                   *grouped(rows, lambda r: r.label.split(":")[0], "by source:"),
+                  *family_table(rows, "by architecture family, published single-GPU rows (the tuning set)"),
                   "", f"called 'does not fit' (each ran on that GPU at that batch; target 0): {len(unfit)} of "
                       f"{len(rows)} rows", *(f"  {u}" for u in unfit),
                   "", f"skipped {sum(int(s.split(' x ')[0]) for s in skipped)} rows:", *(f"  {s}" for s in skipped)]
     if args.part in ("multi", "all"):
-        published = published if args.part == "all" else Published()
+        published = published or Published()
         rows, efficiency, skipped = multi_gpu_rows(published)
         linear = "linear scaling"
         lines += ["", "2b. Published multi-GPU rows, one machine of 2, 4 or 8 GPUs, DDP (Lambda v0)",
@@ -546,6 +815,18 @@ def main() -> int:
                                                  "runs (one machine, DDP) against the prediction", "linear_scaling")
         summaries["scaling_efficiency"] = summary_figures(
             efficiency, "scaling efficiency (N-GPU throughput / N x 1-GPU throughput) of the same runs", "linear_scaling")
+    if args.part in ("newer", "all"):
+        published = published or Published()
+        newer = predict_newer(published)
+        if tuned is None:  # the family table over both files needs the tuning set's rows too
+            tuned = published_rows(published)[0]
+            by_family["published"] = {"families": family_figures(tuned)}
+        lines += newer_lines(newer, tuned)
+        summaries["newer"] = summary_figures(newer.rows, "training speed of published runs on newer GPUs (Ada, Hopper, "
+                                             "Blackwell, with Ampere references; one GPU and up to 8 in one machine) "
+                                             "against the prediction for those GPUs")
+        by_family["newer"] = {"families": family_figures(newer.rows)}
+        by_family["combined"] = {"families": family_figures(tuned + newer.rows)}
     if args.part in ("gpu", "all"):
         rows, notes = gpu_rows()
         lines += ["", "3. Real GPU runs (benchmarks/results/groundtruth/, benchmarks/gpu_groundtruth.py)", *notes]
@@ -569,6 +850,12 @@ def main() -> int:
         document = dict(stamp) if whole else yaml.safe_load(args.summary.read_text())
         for part, figures in summaries.items():
             document[part] = figures if args.part == "all" else {**figures, **stamp}
+        if by_family:  # per-family tables: this run's replace theirs, each stamped as a part is
+            tables = {} if whole else dict(document.get("by_family") or {})
+            tables["bar"] = {"median_abs_error_at_most": FAMILY_BAR, "rows_at_least": FAMILY_BAR_ROWS}
+            for name, table_figures in by_family.items():
+                tables[name] = table_figures if args.part == "all" else {**table_figures, **stamp}
+            document["by_family"] = tables
         args.summary.write_text(yaml.safe_dump(document, sort_keys=False))
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 import sys
 from collections.abc import Callable
@@ -296,6 +297,43 @@ ZOO: dict[str, Callable[[int | None], ModelParts]] = {
     "bert_base": lambda seq: example("bert_base", seq_len=seq or 384, eager_attention=True),
     "bert_large": lambda seq: example("bert_base", seq_len=seq or 384, eager_attention=True, **BERT_LARGE),
 }
+
+
+# ----------------------------------------------------------------------------- timm's own models
+
+
+TIMM_MODELS = ("tf_efficientnetv2_b0", "swin_base_patch4_window7_224", "efficientvit_m4")
+"""Architectures of the newer published rows (NikolasEnt's runs of timm's benchmark.py) not written out here:
+built by timm itself, `timm.create_model(name, pretrained=False)` as benchmark.py builds them (default
+pooling, dropout and stochastic depth; no weights read). timm is in the `bench` extra."""
+
+
+@functools.cache
+def timm_missing() -> str | None:
+    """Why timm's models cannot be built here, in a few words; None where they can."""
+    try:
+        importlib.import_module("timm")
+    except Exception as exc:  # noqa: BLE001 - not installed, or its torchvision does not load beside this torch
+        return f"timm not importable ({type(exc).__name__}; pip install '.[bench]')"
+    return None
+
+
+def timm_vision(name: str, size: int | None) -> ModelParts:
+    """timm's model `name` (one of TIMM_MODELS) on `size` x `size` images (default 224), cross-entropy loss."""
+    def build() -> nn.Module:
+        import timm
+
+        return timm.create_model(name, pretrained=False)
+    return build, images(size or 224), classification_loss
+
+
+def zoo_parts(name: str, size: int | None) -> ModelParts | str:
+    """The parts of ZOO's entry `name` or of timm's model `name` (TIMM_MODELS) at `size`; a sentence saying
+    why not where timm cannot be imported."""
+    if name in ZOO:
+        return ZOO[name](size)
+    assert name in TIMM_MODELS, name
+    return timm_missing() or timm_vision(name, size)
 
 
 if __name__ == "__main__":  # parameter counts, to compare with torchvision's

@@ -76,7 +76,7 @@ def test_the_model_is_estimated_on_every_device_and_ranked_by_time() -> None:
         table = screen.query_one("#devices", DataTable)
         assert table.row_count == len(DB.gpus)
         assert first_column(table) == [r.id for r in screen.estimate.by_time()]
-        assert "mlp · 53 devices, 53 fit · sorted by time" in status_text(app)
+        assert "mlp · 55 devices, 55 fit · sorted by time" in status_text(app)
         assert not screen.has_class("hide-settings")  # 120 columns: settings beside the table
 
     drive(scenario)
