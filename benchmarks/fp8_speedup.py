@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import example  # noqa: E402
 
 from advisor.calibration.reference import load_families  # noqa: E402
-from advisor.estimate.step import estimate_records  # noqa: E402
+from advisor.estimate.step import DeviceModel, estimate_records  # noqa: E402
 from advisor.estimate.targets import database_targets  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.profile.adapters import Adaptation  # noqa: E402
@@ -91,17 +92,22 @@ def trace_hub(spec: str, seq_len: int, batch: int, precision: str, lora_rank: in
                                model_loss, attention="cuda", adaptation=adaptation)
 
 
-def forward_backward_s(trace: StepTrace, gpu: str) -> float:
-    """Seconds of the trace's forward and backward on the database GPU `gpu` (its family's calibration)."""
+@lru_cache(maxsize=None)
+def gpu_device(gpu: str) -> DeviceModel:
+    """The database GPU `gpu` as the estimator times it (its family's calibration), loaded once per GPU."""
     db = load_hwdb([])
-    target = database_targets(db, [db.gpu(gpu)], load_families(db))[0]
-    records = [r for r in trace.records if r.phase != "optimizer"]
-    return estimate_records(records, trace.precision, target.device).step_s
+    return database_targets(db, [db.gpu(gpu)], load_families(db))[0].device
+
+
+def step_s(trace: StepTrace, gpu: str, optimizer: bool = True) -> float:
+    """Seconds of the trace's step on `gpu`; without `optimizer`, of its forward and backward only."""
+    records = [r for r in trace.records if optimizer or r.phase != "optimizer"]
+    return estimate_records(records, trace.precision, gpu_device(gpu)).step_s
 
 
 def predicted_ratio(spec: str, seq_len: int, batch: int, gpu: str, lora_rank: int | None = None) -> float:
     """amp-bf16 time / fp8 time of one micro-batch's forward and backward: fp8 throughput over bf16's."""
-    times = {precision: forward_backward_s(trace_hub(spec, seq_len, batch, precision, lora_rank), gpu)
+    times = {precision: step_s(trace_hub(spec, seq_len, batch, precision, lora_rank), gpu, optimizer=False)
              for precision in ("amp-bf16", "fp8")}
     return times["amp-bf16"] / times["fp8"]
 
@@ -109,12 +115,9 @@ def predicted_ratio(spec: str, seq_len: int, batch: int, gpu: str, lora_rank: in
 def example_ratio(name: str, gpu: str, batch: int) -> tuple[float, float, float]:
     """(amp-bf16 step, fp8 step, ratio) of a built-in example's whole training step on `gpu`, seconds."""
     build, make_input, loss = example(name)
-    steps = {}
-    for precision in ("amp-bf16", "fp8"):
-        trace = trace_training_step(build, make_input, batch, precision, "adamw", loss, attention="cuda")
-        db = load_hwdb([])
-        target = database_targets(db, [db.gpu(gpu)], load_families(db))[0]
-        steps[precision] = estimate_records(trace.records, precision, target.device).step_s
+    steps = {precision: step_s(trace_training_step(build, make_input, batch, precision, "adamw", loss,
+                                                   attention="cuda"), gpu)
+             for precision in ("amp-bf16", "fp8")}
     return steps["amp-bf16"], steps["fp8"], steps["amp-bf16"] / steps["fp8"]
 
 
