@@ -103,6 +103,9 @@ class PlanRun:
     """--parallel on several GPUs: ddp, zero1 (Megatron's distributed optimizer) or fsdp."""
     assumption: str = ""
     """What the source does not say and we chose, printed with the row."""
+    compiled: bool = False
+    """The run's kernels fused as torch.compile fuses them (--compile): torch.compile itself, and as the
+    nearest the tool can express, Megatron-Core/TransformerEngine's fused modules and XLA's fusion."""
 
     def request(self, gpu_id: str) -> PlanRequest:
         """The PlanRequest of this run on `gpu_id` (one optimizer step, no input pipeline, no fit advisor)."""
@@ -112,7 +115,7 @@ class PlanRun:
                            gpus=(gpu_id,), num_gpus=self.gpus if self.gpus > 1 else None,
                            parallel=self.strategy if self.gpus > 1 else "auto", steps=1, seq_len=self.seq_len,
                            lora=self.lora, lora_targets=self.lora_targets, base_weights=self.base_weights,
-                           plans="never", input_pipeline=False)
+                           plans="never", input_pipeline=False, compiled=self.compiled)
 
     @property
     def accumulation(self) -> int:
@@ -229,6 +232,10 @@ def nikolasent(row: dict[str, str]) -> VisionRun | str:
     return VisionRun(row["model"], precision, batch)
 
 
+MEGATRON_FUSION = "Megatron/TE's fused kernels predicted as torch.compile's fusion"
+"""Megatron-Core with TransformerEngine runs fused normalisation, RoPE, SwiGLU, bias-dropout-add and
+Adam kernels: the nearest the tool expresses is --compile."""
+
 MEGATRON_BF16 = "amp-bf16"
 """NeMo and Megatron train "bf16-mixed": bf16 math with fp32 main weights, gradients and Adam state; our
 amp-bf16 keeps the same state (fp8 keeps it too)."""
@@ -252,7 +259,8 @@ def megatron(row: dict[str, str], lora: tuple[int, tuple[str, ...]] | None, micr
     method = method_of(row)
     rank, targets = lora if method == "lora" and lora else (None, ())
     return PlanRun(str(model_of(row)), precision, "adamw", global_batch // gpus, micro, seq_len_of(row), False,
-                   rank, targets, gpus=gpus, strategy=strategy, assumption=assumption)
+                   rank, targets, gpus=gpus, strategy=strategy, assumption="; ".join(filter(None, (assumption, MEGATRON_FUSION))),
+                   compiled=True)
 
 
 NEMO1_LORA = (32, ("q_proj", "k_proj", "v_proj"))
@@ -321,7 +329,8 @@ def jax_toolbox(row: dict[str, str]) -> PlanRun | str:
     gpus, batch = int(row["num_gpus"]), int(row["batch_size_per_gpu"])
     strategy = "fsdp" if (note_int(row["notes"], "FSDP") or 0) > 1 else "ddp"
     return PlanRun(str(model_of(row)), precision, "adamw", batch, None, seq_len_of(row), gpus=gpus,
-                   strategy=strategy, assumption="JAX/XLA run, predicted as PyTorch eager")
+                   strategy=strategy, assumption="JAX/XLA run, its fusion predicted as torch.compile's",
+                   compiled=True)
 
 
 TORCHTUNE_LORA = {
@@ -339,8 +348,8 @@ llama2/7B_qlora_single_device (q, k, v, output_proj and the MLP), 7B_lora_single
 
 def torchtune(row: dict[str, str]) -> PlanRun | str:
     """TORCHTUNE_README: the recipes' default dtype bf16 (the whole model in bf16: our bf16), LoRA rank 8,
-    QLoRA's base in NF4 with quantized scales (nf4-dq), several GPUs under FSDP; torch.compile is not
-    modelled (eager). Full fine-tuning: llama3_1/8B_full_single_device runs bitsandbytes' PagedAdamW8bit
+    QLoRA's base in NF4 with quantized scales (nf4-dq), several GPUs under FSDP; the runs the notes say
+    were compiled as --compile. Full fine-tuning: llama3_1/8B_full_single_device runs bitsandbytes' PagedAdamW8bit
     (our adamw8bit; the paging is not modelled), 7B_full (4 GPUs) AdamW with checkpointing; the 1-GPU
     Llama 2 7B full run's PagedAdamW keeps 32-bit states paged to host memory, which the tool cannot express."""
     gpus, method, name = int(row["num_gpus"]), method_of(row), row["model"].split(" (")[0]
@@ -348,7 +357,7 @@ def torchtune(row: dict[str, str]) -> PlanRun | str:
     if precision not in PRECISIONS:
         return precision
     common = dict(batch=int(row["batch_size_per_gpu"]), seq_len=seq_len_of(row), gpus=gpus, strategy="fsdp",
-                  assumption="torch.compile not modelled" if "compile" in row["notes"] else "")
+                  compiled="compile" in row["notes"])
     model = str(model_of(row))
     if method == "full":
         if gpus == 1 and name == "Llama 2 7B":

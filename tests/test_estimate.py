@@ -307,8 +307,9 @@ def test_plan_arithmetic_and_ranking(mlp_estimate) -> None:
 def test_gradient_accumulation_repeats_forward_and_backward(mlp_estimate) -> None:
     target = mlp_estimate.results[0].target
     trace = mlp_estimate.trace
-    plain = step_time(trace, MemorySettings(64, "amp-bf16", "adamw"), target)
-    accumulated = step_time(trace, MemorySettings(256, "amp-bf16", "adamw", micro_batch=64), target)
+    plain = step_time(trace, EstimateSettings(MemorySettings(64, "amp-bf16", "adamw"), Job(steps=1)), target)
+    accumulated = step_time(trace, EstimateSettings(MemorySettings(256, "amp-bf16", "adamw", micro_batch=64),
+                                                    Job(steps=1)), target)
     optimizer = sum(o.kernel_s + o.wait_s for o in plain.ops if o.phase == "optimizer")
     assert accumulated.step_s == pytest.approx(4 * (plain.step_s - optimizer) + optimizer, rel=0.02)
 

@@ -87,7 +87,7 @@ def cli_options() -> set[str]:
     destinations = set()
     for command in ("estimate", "report"):
         destinations |= {action.dest for action in subparsers.choices[command]._actions}
-    renamed = {"gpu": "gpus", "trace_timeout": "trace_timeout_s"}
+    renamed = {"gpu": "gpus", "trace_timeout": "trace_timeout_s", "compile": "compiled"}
     return {renamed.get(d, d) for d in destinations} & set(OPTIONS)
 
 

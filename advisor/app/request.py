@@ -61,6 +61,8 @@ class PlanRequest:
     """An optimizer name, "file" (the model file's optimizer(params)); None: that when defined, else adamw."""
     checkpointing: bool = False
     """Activation checkpointing of the model's repeated blocks."""
+    compiled: bool = False
+    """The step as torch.compile runs it: fused kernels (estimate/fusion.py)."""
     micro_batch: int | None = None
     """Samples per forward/backward (gradient accumulation up to batch_size)."""
     cuda_context_mib: float | None = None
@@ -243,7 +245,7 @@ class PlanRequest:
 
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
                                 self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu,
-                                self.num_gpus, self.parallel)
+                                self.num_gpus, self.parallel, self.compiled)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""

@@ -212,6 +212,9 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, training settings, targets and job: shared by `estimate` and `report`."""
     add_model_arguments(parser)
     add_memory_arguments(parser)
+    parser.add_argument("--compile", action="store_true",
+                        help="time the step as torch.compile runs it: the ops between matrix products, "
+                             "convolutions and attention fused into generated kernels (memory as eager)")
     parser.add_argument("--local", action="store_true",
                         help="add this machine's devices (local-cpu, local-cudaN), timed from the local calibration "
                              "(a quick one is measured and cached when none is)")
@@ -257,7 +260,8 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
     context = getattr(args, "cuda_context_mib", None)
     return PlanRequest(
         model=args.model, batch_size=args.batch_size, precision=args.precision, optimizer=args.optimizer,
-        checkpointing=getattr(args, "checkpointing", False), micro_batch=getattr(args, "micro_batch", None),
+        checkpointing=getattr(args, "checkpointing", False), compiled=getattr(args, "compile", False),
+        micro_batch=getattr(args, "micro_batch", None),
         cuda_context_mib=context, trace_timeout_s=args.trace_timeout, gpus=tuple(unique(getattr(args, "gpu", []))),
         local=getattr(args, "local", False), samples=getattr(args, "samples", None),
         epochs=getattr(args, "epochs", None), steps=getattr(args, "steps", None),

@@ -189,6 +189,8 @@ def _header(estimate: Estimate) -> list[str]:
     if memory.accumulate_gradients:
         batch += f" ({memory.accumulation_steps} micro-batches of {memory.micro_batch})"
     options = ", activation checkpointing" if memory.checkpointing else ""
+    if settings.compiled:
+        options += ", torch.compile"
     if trace.adapted:
         options += f", {trace.adapted}"
     assumed = f" ({'; '.join(settings.assumptions)})" if settings.assumptions else ""

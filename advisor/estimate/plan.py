@@ -251,6 +251,8 @@ class EstimateSettings:
     then each GPU's."""
     parallel: str = "auto"
     """How several GPUs share the job (app.request.PARALLEL_CHOICES): "auto" picks the fastest that fits."""
+    compiled: bool = False
+    """The step as torch.compile runs it: pointwise ops fused between library kernels (fusion.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
@@ -272,6 +274,7 @@ class EstimateSettings:
             "spot": self.spot,
             "num_gpus": self.num_gpus or 1,
             "parallel": self.parallel,
+            "compile": self.compiled,
             "lora": adaptation.lora_rank,
             "lora_targets": list(adaptation.lora_targets),
             "base_weights": adaptation.base_weights,
@@ -390,19 +393,21 @@ class Estimate:
         }
 
 
-def step_time(trace: StepTrace, settings: MemorySettings, target: EstimateTarget,
+def step_time(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget,
               lowered: Chunks | None = None) -> StepTime:
     """Time of one optimizer step on `target`; with gradient accumulation, the traced micro-batch's
     forward and backward run accumulation_steps times before the one optimizer step. `lowered`: the
-    trace's chunks as CUDA runs them (step.chunks_of), made once for many GPUs."""
-    records = trace.records
-    if not settings.accumulate_gradients:
+    trace's chunks as CUDA runs them (step.chunks_of, fused where settings.compiled), made once for many
+    GPUs."""
+    records, memory, compiled = trace.records, settings.memory, settings.compiled
+    if not memory.accumulate_gradients:
         gpu = target.device.kind == "gpu"
-        chunks = lowered if lowered is not None and gpu else chunks_of(records, trace.repeats, gpu)
-        return estimate_chunks(chunks, trace.precision, target.device)
+        chunks = lowered if lowered is not None and gpu else chunks_of(records, trace.repeats, gpu, compiled)
+        return estimate_chunks(chunks, trace.precision, target.device, compiled)
     micro = [r for r in records if r.phase != "optimizer"]
     optimizer = [r for r in records if r.phase == "optimizer"]
-    return estimate_accumulated(micro, optimizer, settings.accumulation_steps, trace.precision, target.device)
+    return estimate_accumulated(micro, optimizer, memory.accumulation_steps, trace.precision, target.device,
+                                compiled)
 
 
 def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...]:
@@ -419,7 +424,7 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
     of its type with `step` each rank's; on a GPU, with the wait for its input `pipeline` where that
     cannot keep up."""
     if step is None:
-        step = step_time(trace, settings.memory, target, lowered)
+        step = step_time(trace, settings, target, lowered)
     gpus, dp = (1, 1) if scaling is None else (scaling.gpus, scaling.layout.dp)
     batch = settings.memory.batch_size
     supply = None
@@ -452,7 +457,7 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
     """The job on `machines`' GPUs of `target`'s type: each of `strategies` sized and timed per rank (the
     trace is one rank's micro-batch), the fastest that fits kept (none fits: the one with the least memory
     per GPU), the others listed beside it."""
-    single = step_time(trace, settings.memory, target, lowered)
+    single = step_time(trace, settings, target, lowered)
     micro_batches = settings.memory.accumulation_steps
     nccl = communicator_bytes(db, machines)
     context = settings.memory.cuda_context_bytes
@@ -610,7 +615,7 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     results = []
     # A CPU has no caching allocator: its peak is the tensors' peak.
     cpu_step = replace(cpu_step, allocated=cpu_step.tensor_peak, reserved=cpu_step.tensor_peak)
-    lowered = chunks_of(trace.records, trace.repeats, gpu=True)  # once for every GPU
+    lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # once for every GPU
     layouts = LayoutMemory(trace, second)
     skipped: list[tuple[str, str]] = []
     gpus = settings.num_gpus

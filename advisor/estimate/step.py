@@ -28,6 +28,7 @@ from typing import Any
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline, roofline_work
 from advisor.calibration.suite import TORCH_DTYPES
+from advisor.estimate.fusion import compiled_records
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
     DTYPE_FALLBACK,
@@ -305,39 +306,50 @@ class _OpTimer:
         return moved / (series.peak * series.efficiency(moved))
 
 
-def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = False) -> float:
+def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = False, compiled: bool = False) -> float:
     """Host time to issue one op: autograd recording in forward and backward, plain dispatch in the
-    optimizer (which runs under no_grad). On a CPU a multi-tensor op (`_foreach_*`) runs once per
+    optimizer (which runs under no_grad) and for every kernel of a `compiled` step (its graphs record
+    autograd once per graph, not per op). On a CPU a multi-tensor op (`_foreach_*`) runs once per
     tensor of its list (no fused CPU kernel): each tensor after the first costs the calibrated
     `foreach` overhead (issue #20: 100 one-element tensors took 136 us in `_foreach_mul_` here, 1.36 us
     each, where one `mul_` took 1.8 us; profiles without it count a dispatch). A GPU's
     multi_tensor_apply fuses the list into a few launches."""
-    key = "dispatch" if record.phase == "optimizer" else "autograd"
+    key = "dispatch" if record.phase == "optimizer" or compiled else "autograd"
     per_op = overheads.get(key, overheads.get("dispatch", 0.0))
     if not cpu or record.tensors <= 1:
         return per_op
     return per_op + (record.tensors - 1) * overheads.get("foreach", overheads.get("dispatch", 0.0))
 
 
-def estimate_step(trace: StepTrace, device: DeviceModel) -> StepTime:
-    """Time of `trace`'s step on `device`."""
-    return estimate_chunks(chunks_of(trace.records, trace.repeats, device.kind == "gpu"), trace.precision, device)
+def estimate_step(trace: StepTrace, device: DeviceModel, compiled: bool = False) -> StepTime:
+    """Time of `trace`'s step on `device`; `compiled`: as torch.compile runs it (fusion.py)."""
+    chunks = chunks_of(trace.records, trace.repeats, device.kind == "gpu", compiled)
+    return estimate_chunks(chunks, trace.precision, device, compiled)
 
 
-def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel) -> StepTime:
+def estimate_records(records: Iterable[OpRecord], precision: str, device: DeviceModel,
+                     compiled: bool = False) -> StepTime:
     """Time of these ops, in order, on `device` (see the module's docstring). On a GPU, the CPU
-    decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py)."""
-    records = list(records)
-    return estimate_chunks([(cuda_records(records) if device.kind == "gpu" else records, 1)], precision, device)
+    decompositions the trace recorded are first replaced by the kernels CUDA runs (lowering.py);
+    `compiled`: fused as torch.compile fuses them (fusion.py)."""
+    return estimate_chunks([(_lowered(list(records), device.kind == "gpu", compiled), 1)], precision, device, compiled)
+
+
+def _lowered(records: list[OpRecord], gpu: bool, compiled: bool) -> list[OpRecord]:
+    """`records` as the device runs them: CUDA's kernels on a `gpu`, fused where `compiled`."""
+    records = cuda_records(records) if gpu else records
+    return compiled_records(records) if compiled else records
 
 
 Chunks = Sequence[tuple[Sequence[OpRecord], int]]
 """A step's ops as runs of (ops, copies): `copies` repetitions of the ops in a row (a repeated block's)."""
 
 
-def chunks_of(records: Sequence[OpRecord], repeats: Sequence[tuple[int, int, int]], gpu: bool) -> list[tuple[list[OpRecord], int]]:
+def chunks_of(records: Sequence[OpRecord], repeats: Sequence[tuple[int, int, int]], gpu: bool,
+              compiled: bool = False) -> list[tuple[list[OpRecord], int]]:
     """`records` as chunks (see Chunks), from StepTrace.repeats' (start, length, copies) spans; each chunk as
-    CUDA runs it on a `gpu` (lowering.py, chunk by chunk: no kernel a lowering fuses spans two blocks)."""
+    CUDA runs it on a `gpu` (lowering.py), fused where `compiled` (fusion.py), chunk by chunk: no kernel a
+    lowering fuses spans two blocks."""
     chunks: list[tuple[list[OpRecord], int]] = []
     position = 0
     for start, length, copies in sorted(repeats):
@@ -348,7 +360,7 @@ def chunks_of(records: Sequence[OpRecord], repeats: Sequence[tuple[int, int, int
         position = start + length * copies
     if position < len(records):
         chunks.append((list(records[position:]), 1))
-    return [(cuda_records(chunk) if gpu else chunk, copies) for chunk, copies in chunks]
+    return [(_lowered(chunk, gpu, compiled), copies) for chunk, copies in chunks]
 
 
 STEADY_TOLERANCE = 1e-12
@@ -359,8 +371,9 @@ same relation (floating-point rounding)."""
 class _Clock:
     """The host and the device issuing and running ops one after the other (see estimate_chunks)."""
 
-    def __init__(self, device: DeviceModel, precision: str) -> None:
+    def __init__(self, device: DeviceModel, precision: str, compiled: bool = False) -> None:
         self.timer = _OpTimer(device, precision)
+        self.compiled = compiled
         self.overheads = device.profile.overheads_s
         self.queued = device.kind == "gpu"
         self.host = self.device = 0.0
@@ -375,7 +388,8 @@ class _Clock:
             timed = self.kernels.get(key)
             if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
                 timed = self.kernels[key] = (*self.timer.kernel(record),
-                                             host_seconds(record, self.overheads, cpu=not queued))
+                                             host_seconds(record, self.overheads, cpu=not queued,
+                                                          compiled=self.compiled))
             kind, compute, traffic, faults, layout, host = timed
             kernel = max(compute, traffic) + faults + layout
             memory = traffic + faults + layout  # page faults and layout transposes are memory time
@@ -426,10 +440,11 @@ class _Clock:
         return lag > lag_before and all(op.wait_s == 0.0 for op in self.ops[first:])
 
 
-def estimate_chunks(chunks: Chunks, precision: str, device: DeviceModel) -> StepTime:
-    """Time of these chunks of ops (already lowered for a GPU), in order, on `device`: on a GPU the host
-    issues each op (its overhead) into a queue the device runs; on a CPU they take turns."""
-    clock = _Clock(device, precision)
+def estimate_chunks(chunks: Chunks, precision: str, device: DeviceModel, compiled: bool = False) -> StepTime:
+    """Time of these chunks of ops (already lowered for a GPU, and fused where `compiled`), in order, on
+    `device`: on a GPU the host issues each op (its overhead) into a queue the device runs; on a CPU they
+    take turns."""
+    clock = _Clock(device, precision, compiled)
     for records, copies in chunks:
         if copies == 1:
             clock.run(records)
@@ -453,12 +468,12 @@ steady state by the last of them, so each further micro-batch takes as long as i
 
 
 def estimate_accumulated(micro: Sequence[OpRecord], optimizer: Sequence[OpRecord], repeats: int, precision: str,
-                         device: DeviceModel) -> StepTime:
+                         device: DeviceModel, compiled: bool = False) -> StepTime:
     """Time of `repeats` forward/backward passes (`micro`'s ops) then one optimizer step: the first
     min(repeats, SIMULATED_REPEATS) timed in order, the last of them standing for every further one (its ops'
     times multiplied), so a step of 2^20 micro-batches costs what one of 4 does."""
     simulated = min(repeats, SIMULATED_REPEATS)
-    step = estimate_records(tuple(micro) * simulated + tuple(optimizer), precision, device)
+    step = estimate_records(tuple(micro) * simulated + tuple(optimizer), precision, device, compiled)
     extra = repeats - simulated
     if extra == 0:
         return step

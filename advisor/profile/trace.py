@@ -44,6 +44,7 @@ from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
 from advisor.profile.costs import ConvGeometry, op_cost
+from advisor.profile.dataflow import Dataflow, Flow
 from advisor.profile.finite import FiniteActivations
 from advisor.profile.float8 import convert_to_float8
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
@@ -119,9 +120,15 @@ class OpRecord:
     """A convolution's geometry and layout (costs.OpCost.conv)."""
     tensors: int = 1
     """Tensors one call works on: the length of a multi-tensor (`_foreach_*`) op's first list, else 1."""
+    reads: Flow = field(default=(), compare=False, repr=False)
+    """(source, bytes) of each value the op reads: which op made it (dataflow.py)."""
+    writes: Flow = field(default=(), compare=False, repr=False)
+    """(last_use, bytes) of each value the op writes: which op reads it last (dataflow.py)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        record = asdict(self)
+        del record["reads"], record["writes"]
+        return record
 
 def _tensor_count(args: tuple) -> int:
     """The length of a multi-tensor op's first argument (a list of tensors), else 1."""
@@ -300,6 +307,7 @@ class _Recorder(TorchDispatchMode):
         self.phase = "forward"
         self.recording = False
         self.records: list[OpRecord] = []
+        self.dataflow = Dataflow(memory.index_of)
         self.ticks: list[int] = []
         """The memory tracker's tick of each record (repeated.py places blocks by them)."""
         self.fake_mode = fake_mode
@@ -359,11 +367,29 @@ class _Recorder(TorchDispatchMode):
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
             records = [record]
+            self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, record.tensors > 1 or record.op.startswith("_foreach_"), first_storage)
             if self.replicas is not None and self.phase == "optimizer":
                 records = self.replicas.expand(record, func, args, kwargs, out, op_cost, self.memory.index_of)
+                self._replicated_dataflow(record, records)
             self.records.extend(records)
             self.ticks.extend([self.memory.tick] * len(records))
         return out
+
+    def _replicated_dataflow(self, record: OpRecord, records: list[OpRecord]) -> None:
+        """The dataflow of `records`, which stand for `record` done again for blocks traced once."""
+        if len(records) > 1:
+            self.dataflow.repeat_last(len(records) - 1)
+        elif records[0] is not record:
+            before = record.bytes_read + record.bytes_written
+            after = records[0].bytes_read + records[0].bytes_written
+            if before:
+                self.dataflow.scale_last(after / before)
+
+    def flowing_records(self) -> list[OpRecord]:
+        """The records with their dataflow (OpRecord.reads, writes)."""
+        flows = self.dataflow.flows()
+        assert len(flows) == len(self.records), (len(flows), len(self.records))
+        return [replace(record, reads=reads, writes=writes) for record, (reads, writes) in zip(self.records, flows)]
 
     # ------------------------------------------------------------------ real-inputs fallback
 
@@ -771,11 +797,11 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             del loss
             live_memory = memory.close_step()
     answered = finite.answered
-    records: list[OpRecord] | tuple[OpRecord, ...] = recorder.records
+    records: list[OpRecord] | tuple[OpRecord, ...] = recorder.flowing_records()
     repeats: tuple[tuple[int, int, int], ...] = ()
     if runs:
         located = locate(clock)
-        records, repeats = expand_records(recorder.records, recorder.ticks, located)
+        records, repeats = expand_records(records, recorder.ticks, located)
         live_memory = expand_memory(live_memory, located, memory.copies(),
                                     memory.groups_in_result(recorder.replicas.groups) if recorder.replicas else ())
         fused_calls += clock.added(0)

@@ -238,6 +238,7 @@ def _settings_lines(estimate: Estimate) -> tuple[tuple[str, str], ...]:
         ("Precision", memory.precision),
         ("Optimizer", memory.optimizer),
         ("Activation checkpointing", "yes" if memory.checkpointing else "no"),
+        ("torch.compile", "yes: pointwise ops fused between library kernels" if settings.compiled else "no (eager)"),
         *((("Sequence length", f"{settings.seq_len:,} tokens"),) if settings.seq_len is not None else ()),
         *((("Fine-tuning", estimate.trace.adapted),) if estimate.trace.adapted else ()),
         *((("Assumed", "; ".join(settings.assumptions)),) if settings.assumptions else ()),

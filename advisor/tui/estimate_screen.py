@@ -137,6 +137,7 @@ class EstimateScreen(Screen):
                 yield Select([(b, b) for b in BASE_WEIGHTS], value=request.base_weights or NO_SELECTION,
                              prompt="default", id="base_weights")
                 yield _switch_row(request.checkpointing, "checkpointing", "checkpointing")
+                yield _switch_row(request.compiled, "compiled", "torch.compile")
                 yield Label("Micro-batch")
                 yield Input(_text(request.micro_batch), placeholder="none", type="integer", id="micro_batch")
                 yield Label("Samples per epoch")
@@ -239,6 +240,7 @@ class EstimateScreen(Screen):
             precision=chosen("precision"),
             optimizer=chosen("optimizer"),
             checkpointing=self.query_one("#checkpointing", Switch).value,
+            compiled=self.query_one("#compiled", Switch).value,
             micro_batch=parse_number(value("micro_batch"), int, "micro-batch"),
             cuda_context_mib=parse_number(value("cuda_context_mib"), float, "CUDA context"),
             trace_timeout_s=parse_number(value("trace_timeout_s"), float, "trace timeout",
