@@ -113,13 +113,3 @@ def test_compile_flag_reaches_settings_and_json(capsys) -> None:
     assert eager["settings"]["compile"] is False
     assert document["results"][0]["step_time_s"] < eager["results"][0]["step_time_s"]
 
-
-def test_convolutions_run_channels_last_when_compiled() -> None:
-    trace = trace_training_step(lambda: nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU()),
-                                lambda b: torch.randn(b, 64, 56, 56), 8, "amp-fp16", "sgd")
-    eager = [r for r in trace.records if r.conv is not None]
-    compiled = [r for r in compiled_records(trace.records) if r.conv is not None]
-    assert eager and not any(r.conv.channels_last for r in eager)
-    assert len(compiled) == len(eager) and all(r.conv.channels_last for r in compiled)
-    # the NCHW<->NHWC transposes around the tensor-core convolutions are gone, so the step is faster
-    assert gpu_seconds(trace, True, "a100-sxm4-80gb") < gpu_seconds(trace, False, "a100-sxm4-80gb")

@@ -9,8 +9,12 @@ consumers and "horizontal fusion" of ops that read the same input). A fused kern
 ops pass to each other in registers: it reads from memory only what was made outside it, once, and
 writes only what is read after it or outlives the step (profile/dataflow.py). The optimizer's
 multi-tensor ops fuse into one pass over parameters, gradients and state, as torch's fused AdamW does.
-Convolutions run on channels-last tensors (Inductor's `layout_optimization`, on by default since PyTorch
-2.1, torch/_inductor/config.py): no NCHW<->NHWC transposes around tensor-core convolutions.
+Not modelled: Inductor's `layout_optimization` (torch/_inductor/config.py), which runs convolutions on
+channels-last tensors. Doing so here drops the NCHW<->NHWC transposes the eager estimate puts around every
+tensor-core convolution, and predicted 1.9-2.4x for ResNet-50, DenseNet-121 and MobileNetV2 on an A100
+where PyTorch's published geomean is 1.51x with AMP: newer cuDNN runs many NCHW convolutions on tensor
+cores without transposes (the GeForce fp16 rows of published-throughput-newer.csv run 10-30% faster than
+the eager estimate too), so the transposes' cost is the thing to settle first.
 
 Each fused run is one record (`FUSED_OP`): the FLOPs of its ops, the bytes it must move, timed by the
 memory series of a plain copy. The host issues compiled kernels without recording autograd per op
@@ -24,7 +28,6 @@ second read of its input).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from advisor.estimate.ops import BATCH_NORMS
 from advisor.profile.trace import OpRecord
@@ -48,13 +51,10 @@ def fusible(record: OpRecord) -> bool:
 
 
 def compiled_records(records: Sequence[OpRecord]) -> list[OpRecord]:
-    """`records` with each run of fusible ops of one phase replaced by the one kernel it fuses into, and
-    convolutions on channels-last tensors."""
+    """`records` with each run of fusible ops of one phase replaced by the one kernel it fuses into."""
     lowered: list[OpRecord] = []
     run: list[int] = []
     for index, record in enumerate(records):
-        if record.conv is not None and not record.conv.channels_last:
-            record = replace(record, conv=replace(record.conv, channels_last=True))
         if fusible(record) and (not run or records[run[0]].phase == record.phase):
             run.append(index)
             continue
