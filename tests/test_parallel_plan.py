@@ -102,6 +102,7 @@ def test_the_batch_is_each_gpus_and_the_job_counts_the_global_batch(mlp_parallel
         # the exposed communication is part of the step, and no more than all of it
         assert result.step.by_bound["communication"] == pytest.approx(scaling.communication.exposed_s)
         assert 0 <= scaling.communication.exposed_s <= scaling.communication.time_s
+        assert scaling.single_fits  # the MLP fits one GPU: its scaling efficiency is against that run
         assert result.scaling_efficiency == pytest.approx(scaling.single_step_s / result.step_time_s)
         # NCCL's buffers sit outside the allocator, in the overhead
         assert result.memory.detail["communicator"] > 0
@@ -134,6 +135,10 @@ def test_a_job_one_gpu_cannot_hold_names_the_fewest_that_fit(db) -> None:
     more = result.scale_out
     assert more.fits and more.num_gpus > 1 and more.cheapest() is not None  # an instance of that size is rented
     assert result.to_dict()["smallest_fit"]["num_gpus"] == more.num_gpus
+    # no one-GPU run to scale from: a sharded rank steps 1/N of the optimizer, so its ratio to a one-GPU
+    # step that does not fit would read over 100%
+    assert more.scaling is not None and not more.scaling.single_fits
+    assert more.scaling_efficiency is None
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -247,14 +247,18 @@ class Scaling:
     """One GPU's step of the same per-GPU batch (its compute, the whole optimizer): scaling's baseline."""
     reason: str
     alternatives: tuple[Alternative, ...] = ()
+    single_fits: bool = True
+    """Whether one GPU holds the step alone: without, there is no one-GPU run to scale from."""
 
     @property
     def gpus(self) -> int:
         return self.layout.gpus
 
-    def efficiency(self, step_s: float) -> float:
-        """N-GPU throughput over N x one GPU's (the per-GPU batch is the same): single step / rank step."""
-        return self.single_step_s / step_s
+    def efficiency(self, step_s: float) -> float | None:
+        """N-GPU throughput over N x one GPU's (the per-GPU batch is the same): single step / rank step.
+        None where one GPU cannot hold the step: a sharded rank steps 1/N of the optimizer, so against a
+        one-GPU step that does not fit the ratio exceeds 100% (Llama-3.1-8B on 8 H100s read 164%)."""
+        return self.single_step_s / step_s if self.single_fits else None
 
     def describe(self) -> str:
         """"8 GPUs (1 node, nvlink4-nvswitch), fsdp"."""

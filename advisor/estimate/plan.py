@@ -104,7 +104,7 @@ class DeviceEstimate:
 
     @property
     def scaling_efficiency(self) -> float | None:
-        """N-GPU throughput / (N x one GPU's); None on one GPU."""
+        """N-GPU throughput / (N x one GPU's); None on one GPU, and where one GPU cannot hold the step."""
         return None if self.scaling is None else self.scaling.efficiency(self.step.step_s)
 
     @property
@@ -478,8 +478,10 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
     layout, _, comm, step = tried[best]
     memory = device_memory(layouts.step(layout), target, target.memory_overhead, layouts.batch_model(layout), context,
                            nccl)  # with the largest batch that fits
+    alone = device_memory(layouts.step(Layout("ddp", 1, 1)), target, target.memory_overhead, None, context)
     scaling = Scaling(layout, machines, comm, single.step_s,
-                      choice_reason(settings.parallel, alternatives[best], alternatives), tuple(alternatives))
+                      choice_reason(settings.parallel, alternatives[best], alternatives), tuple(alternatives),
+                      alone.fits)
     return estimate_device(trace, settings, target, memory, db, lowered, pipeline, scaling, step)
 
 
