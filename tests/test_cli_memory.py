@@ -60,3 +60,26 @@ def test_memory_user_errors_are_one_sentence(capsys: pytest.CaptureFixture[str],
 def test_cuda_context_must_be_a_size(capsys: pytest.CaptureFixture[str], value: str) -> None:
     assert main(["memory", "mlp", "--cuda-context-mib", value]) == 2
     assert "argument --cuda-context-mib:" in capsys.readouterr().err
+
+
+def test_memory_on_several_gpus_sizes_each_gpu_per_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["memory", "mlp", "--gpu", "h100-sxm", "--batch-size", "64"]
+    assert main(argv + ["--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["sharded"] == []
+    assert main(argv + ["--num-gpus", "8", "--json"]) == 0
+    several = json.loads(capsys.readouterr().out)
+    by_strategy = {r["strategy"]: r for r in several["sharded"]}
+    assert set(by_strategy) == {"ddp", "zero1", "zero2", "fsdp"} and all(r["num_gpus"] == 8 for r in by_strategy.values())
+    weights, grads, state = (one["results"][0]["memory"][k] for k in ("weights", "gradients", "optimizer"))
+    # ZeRO-1 keeps 1/8 of AdamW's two moments (up to the allocator's rounding of a shard), DDP all of them;
+    # each strategy shards more than the one before, so no GPU holds more
+    assert by_strategy["ddp"]["memory"]["optimizer"] == pytest.approx(state, rel=0.05)
+    assert by_strategy["zero1"]["memory"]["optimizer"] < 0.2 * state
+    peaks = [by_strategy[s]["peak_bytes"] for s in ("ddp", "zero1", "zero2", "fsdp")]
+    assert peaks == sorted(peaks, reverse=True) and peaks[-1] < peaks[0]
+    assert by_strategy["ddp"]["memory"]["weights"] == pytest.approx(weights, rel=0.05) and grads > 0
+    assert main(argv + ["--num-gpus", "8", "--parallel", "fsdp"]) == 0
+    table = capsys.readouterr().out
+    rows = [line.split() for line in table.splitlines() if line.startswith("h100-sxm ") and " 8 " in line]
+    assert "Each GPU of 8" in table and [row[2] for row in rows] == ["fsdp"]

@@ -130,10 +130,22 @@ def advise(request: PlanRequest, db: HardwareDB, estimate: Estimate, progress: P
 
 def plan_memory_only(request: PlanRequest, db: HardwareDB, progress: Progress = _quiet) -> MemoryPlan:
     """The request's training memory on its GPUs (all when none), without timing (`advisor memory`)."""
+    from dataclasses import replace
+
+    from advisor.estimate.parallel import LayoutMemory, sharded_memory
     from advisor.memory.plan import plan_memory
 
-    if (request.num_gpus or 1) > 1 or request.parallel != "auto":
-        raise UserError("advisor memory sizes one GPU; each GPU's memory of a multi-GPU job is in "
-                        f"`advisor estimate --num-gpus {request.num_gpus or 2}` (its Peak/Mem column and --json)")
     model = request_model(request)
-    return plan_memory(model, db, request_gpus(request, db), request.memory_settings(model), progress=progress)
+    gpus = request_gpus(request, db)
+    settings = request.memory_settings(model)
+    memory = plan_memory(model, db, gpus, settings, progress=progress)
+    if (request.num_gpus or 1) == 1:
+        return memory
+    assert memory.trace is not None
+    layouts = LayoutMemory(memory.trace, memory.second)
+    sharded, skipped = sharded_memory(layouts, db, gpus, request.num_gpus or 1, request.parallel,
+                                      settings.cuda_context_bytes)
+    if not sharded:
+        raise UserError(f"no machine runs {request.num_gpus} of the GPUs asked for: " +
+                        "; ".join(f"{gpu_id}: {why}" for gpu_id, why in skipped[:3]))
+    return replace(memory, sharded=tuple(sharded), unsharded=tuple(skipped))

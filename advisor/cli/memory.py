@@ -30,6 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction, parents: list[argparse.Ar
         help="peak training memory on every GPU, its breakdown and the largest batch that fits",
         **examples(("advisor memory my_model.py --batch-size 32", "peak memory on every GPU"),
                    ("advisor memory llama --precision bf16 --gpu h100-sxm", "pure bf16 on one GPU"),
+                   ("advisor memory llama --precision amp-bf16 --num-gpus 8 --gpu a100-sxm4-80gb",
+                    "each GPU's memory on 8 GPUs, DDP, ZeRO-1/2 and FSDP"),
                    ("advisor memory llama --batch-size 8 --micro-batch 1 --checkpointing",
                     "gradient accumulation and checkpointing")),
         description="Trace MODEL's training step on fake tensors, follow every tensor's life, replay "
@@ -49,6 +51,12 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print(render_memory(plan, db))
+    if plan.sharded:
+        if not any(result.memory.fits for result in plan.sharded):
+            raise UserError(f"{plan.model_name} fits none of the GPUs asked for on {plan.sharded[0].num_gpus} of "
+                            "them with any strategy asked for; more GPUs (--num-gpus), --checkpointing, "
+                            "--micro-batch or a smaller --batch-size reduce each GPU's share")
+        return 0
     if not any(result.fits for result in plan.results):
         raise UserError(fits_nowhere_message(plan.model_name, plan.settings, plan.results, "memory"))
     return 0
@@ -82,6 +90,12 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
         "",
         _table(plan, db),
     ]
+    if plan.sharded:
+        count = plan.sharded[0].num_gpus
+        lines += ["", f"Each GPU of {count} running the job (batch {settings.batch_size} per GPU): ddp replicates "
+                      "everything; zero1 shards the optimizer state, zero2 also the gradients, fsdp also the weights "
+                      "(hsdp: fsdp within a node); NCCL's buffers are in the overhead", "", _sharded_table(plan, db)]
+        lines += [f"{gpu_id}: {why}" for gpu_id, why in plan.unsharded]
     if plan.trace is not None:
         lines.extend(trace_notes(plan.trace))
     return "\n".join(lines)
@@ -97,6 +111,23 @@ def _table(plan: MemoryPlan, db: HardwareDB) -> str:
         fits = "yes" if result.fits else f"no, {gib(result.missing_bytes)} short"
         memory = result.memory
         rows.append([result.gpu_id, db.gpu(result.gpu_id).name, gib(result.capacity_bytes), gib(result.peak_bytes),
+                     fits, gib(memory["weights"]), gib(memory["gradients"]), gib(memory["optimizer"]),
+                     gib(memory["activations"]), gib(memory["overhead"]),
+                     "-" if result.max_batch_size is None else f"{result.max_batch_size:,}"])
+    return render_table(columns, rows)
+
+
+def _sharded_table(plan: MemoryPlan, db: HardwareDB) -> str:
+    """Each GPU's memory per strategy (advisor memory --num-gpus)."""
+    columns = [Column("ID"), Column("GPUs", True), Column("Strategy"), Column("Mem GiB", True),
+               Column("Peak GiB", True), Column("Fits"), Column("Weights", True), Column("Grads", True),
+               Column("Optim", True), Column("Activ", True), Column("Overhead", True), Column("Max batch", True)]
+    rows = []
+    for sharded in sorted(plan.sharded, key=lambda r: (db.gpu(r.gpu_id).memory_bytes, r.gpu_id)):
+        result, memory = sharded.memory, sharded.memory.memory
+        fits = "yes" if result.fits else f"no, {gib(result.missing_bytes)} short"
+        gpus = f"{sharded.num_gpus}" + (f" ({sharded.nodes} nodes)" if sharded.nodes > 1 else "")
+        rows.append([sharded.gpu_id, gpus, sharded.strategy, gib(result.capacity_bytes), gib(result.peak_bytes),
                      fits, gib(memory["weights"]), gib(memory["gradients"]), gib(memory["optimizer"]),
                      gib(memory["activations"]), gib(memory["overhead"]),
                      "-" if result.max_batch_size is None else f"{result.max_batch_size:,}"])

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from typing import Any
 
 from advisor.estimate.costs import instances_for
 from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
-from advisor.memory.estimate import BatchMemoryModel, StepMemory
+from advisor.memory.estimate import BatchMemoryModel, StepMemory, device_memory
+from advisor.memory.plan import ShardedMemory
 from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
 from advisor.parallel.strategy import (
     FULLY_SHARDED,
@@ -346,3 +348,24 @@ def sharded_step(step: StepTime, layout: Layout, comm: Communication) -> StepTim
                 saved += cut
     by_bound[COMMUNICATION_BOUND] = comm.exposed_s
     return replace(step, step_s=step.step_s - saved + comm.exposed_s, by_bound=by_bound)
+
+
+def sharded_memory(layouts: LayoutMemory, db: HardwareDB, gpus: Sequence[GPUSpec], num_gpus: int, parallel: str,
+                   cuda_context_bytes: int | None = None) -> tuple[list[ShardedMemory], list[tuple[str, str]]]:
+    """Each GPU's memory with `num_gpus` of its type on the machines that hold them, for every strategy
+    `parallel` allows (strategies_for), with the largest per-GPU batch that fits; (GPU id, why) for those no
+    machine holds that many of."""
+    sharded: list[ShardedMemory] = []
+    skipped: list[tuple[str, str]] = []
+    for gpu in gpus:
+        machines = machines_for(db, gpu, num_gpus)
+        if isinstance(machines, str):
+            skipped.append((gpu.id, machines))
+            continue
+        nccl = communicator_bytes(db, machines)
+        for strategy in strategies_for(parallel, machines.nodes):
+            layout = Layout(strategy, num_gpus, machines.gpus_per_node)
+            memory = device_memory(layouts.step(layout), gpu, db.memory_overhead(gpu), layouts.batch_model(layout),
+                                   cuda_context_bytes, nccl)
+            sharded.append(ShardedMemory(gpu.id, num_gpus, machines.nodes, strategy, memory))
+    return sharded, skipped

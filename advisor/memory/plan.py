@@ -89,6 +89,22 @@ def formula_bytes(trace: StepTrace, settings: MemorySettings) -> int:
 
 
 @dataclass(frozen=True)
+class ShardedMemory:
+    """One GPU's memory when `num_gpus` GPUs of its type share the job with `strategy` (advisor memory
+    --num-gpus): each rank's trace re-played (estimate/parallel.py), NCCL's buffers in the overhead."""
+
+    gpu_id: str
+    num_gpus: int
+    nodes: int
+    strategy: str
+    memory: DeviceMemory
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu_id": self.gpu_id, "num_gpus": self.num_gpus, "nodes": self.nodes, "strategy": self.strategy,
+                **{k: v for k, v in self.memory.to_dict().items() if k != "gpu_id"}}
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """Training memory of one model on every requested device."""
 
@@ -101,6 +117,12 @@ class MemoryPlan:
     parameter_formula_bytes: int
     checkpointed: tuple[str, ...] = ()
     trace: StepTrace | None = field(default=None, repr=False, compare=False)
+    second: StepTrace | None = field(default=None, repr=False, compare=False)
+    """The step traced at twice the batch (the batch line's second point)."""
+    sharded: tuple[ShardedMemory, ...] = ()
+    """With --num-gpus: each GPU's memory per strategy."""
+    unsharded: tuple[tuple[str, str], ...] = ()
+    """With --num-gpus: (GPU id, why) for GPUs no machine holds that many of."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +134,8 @@ class MemoryPlan:
             "checkpointed": list(self.checkpointed),
             "parameter_formula_bytes": self.parameter_formula_bytes,
             "results": [r.to_dict() for r in self.results],
+            "sharded": [r.to_dict() for r in self.sharded],
+            "skipped": [{"gpu_id": gpu_id, "reason": why} for gpu_id, why in self.unsharded],
             "coverage": None if self.trace is None else coverage_of(self.trace).to_dict(),
             "trace": None if self.trace is None else trace_summary(self.trace),
         }
@@ -212,4 +236,4 @@ def plan_memory(
                     for gpu in gpus)
     return MemoryPlan(model.name, trace.params, settings, step, batch_model, results,
                       formula_bytes(trace, settings),
-                      trace.checkpointed, trace)
+                      trace.checkpointed, trace, second)
