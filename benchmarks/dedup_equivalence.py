@@ -4,8 +4,9 @@ peak memory? Every example, the accuracy zoo (benchmarks/zoo.py) and the coverag
 installed) are traced both ways at the same settings, and the largest relative difference of each figure
 is printed with the blocks replicated and the time of each trace.
 
-Step times are those of three GPUs of the database (one per family: Ampere, Ada, Hopper); memory is the
-step's allocator peak (reserved) and its tensors' peak. The bar is 0.1% on every figure.
+Step times are those of three GPUs of the database (one per family: Ampere, Ada, Hopper), eager and as
+--compile fuses the step (its dataflow is copied with the blocks); memory is the step's allocator peak
+(reserved) and its tensors' peak. The bar is 0.1% on every figure.
 
     python benchmarks/dedup_equivalence.py [--only NAME ...] [--out benchmarks/results/dedup_equivalence.txt]
 """
@@ -66,6 +67,7 @@ def figures(trace: Any, targets: list[Any]) -> dict[str, float]:
     found = {f"flops {phase}": trace.flops(phase) for phase in ("forward", "backward", "optimizer")}
     found |= {f"bytes {phase}": trace.bytes_moved(phase) for phase in ("forward", "backward", "optimizer")}
     found |= {f"step s {t.id}": estimate_step(trace, t.device).step_s for t in targets}  # repeated runs timed once
+    found |= {f"compiled step s {t.id}": estimate_step(trace, t.device, compiled=True).step_s for t in targets}
     found |= {"reserved": memory.reserved, "allocated": memory.allocated, "tensor peak": memory.tensor_peak}
     return found
 
@@ -102,7 +104,7 @@ def main() -> int:
     targets = targets_for(PlanRequest(gpus=GPUS), load_hwdb())
     lines = [f"repeated blocks traced once vs every block traced, {time.strftime('%Y-%m-%d')}, torch "
              f"{torch.__version__}, {os.cpu_count()} CPUs; worst relative difference over FLOPs and bytes by "
-             f"phase, step time on {', '.join(GPUS)}, allocator and tensor peaks (bar {BAR:.1%})",
+             f"phase, step time (eager and compiled) on {', '.join(GPUS)}, allocator and tensor peaks (bar {BAR:.1%})",
              f"{'model':<42} {'replicated':>10} {'full s':>7} {'dedup s':>7} {'ratio':>6} {'worst diff':>10}  figure"]
     print("\n".join(lines), flush=True)
     ratios, failed, errors = [], [], []

@@ -222,3 +222,21 @@ def test_t5_whose_last_block_starts_the_position_bias_gradient_replicates_the_ot
     # encoder and decoder: blocks 1..10 of 0..11 (block 0 holds the bias, block 11 starts its gradient), 3 kept
     assert deduplicated.replicated_blocks == 14
     assert_same_step(full, deduplicated)
+
+
+def test_a_compiled_step_fuses_across_blocks_as_the_full_trace_does():
+    """--compile fuses runs of pointwise ops that cross from one block into the next (the residual add and
+    the next block's norm); timing one copy of a block must fuse them too (step._aligned_for_fusion)."""
+    from advisor.app.plan import targets_for
+    from advisor.app.request import PlanRequest
+    from advisor.estimate.step import estimate_records, estimate_step
+    from advisor.hardware.loader import load_hwdb
+
+    full, deduplicated = traced_both_ways(lambda: Stack(layers=8))
+    assert deduplicated.repeats
+    for target in targets_for(PlanRequest(gpus=("h100-sxm", "t4")), load_hwdb()):
+        every_copy = estimate_records(full.records, full.precision, target.device, compiled=True)
+        once = estimate_step(deduplicated, target.device, compiled=True)
+        assert once.step_s == pytest.approx(every_copy.step_s, rel=1e-9)
+        assert sum(op.calls for op in once.ops) == len(every_copy.ops)  # the same kernels
+        assert once.step_s < estimate_step(deduplicated, target.device).step_s

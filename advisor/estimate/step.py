@@ -28,7 +28,7 @@ from typing import Any
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline, roofline_work
 from advisor.calibration.suite import TORCH_DTYPES
-from advisor.estimate.fusion import compiled_records
+from advisor.estimate.fusion import compiled_records, fusible
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
     DTYPE_FALLBACK,
@@ -360,7 +360,38 @@ def chunks_of(records: Sequence[OpRecord], repeats: Sequence[tuple[int, int, int
         position = start + length * copies
     if position < len(records):
         chunks.append((list(records[position:]), 1))
+    if compiled:
+        chunks = _aligned_for_fusion(chunks)
     return [(_lowered(chunk, gpu, compiled), copies) for chunk, copies in chunks]
+
+
+def _aligned_for_fusion(chunks: list[tuple[list[OpRecord], int]]) -> list[tuple[list[OpRecord], int]]:
+    """The same ops with every chunk boundary at an op a compiler does not fuse (fusion.fusible), so that
+    fusing chunk by chunk fuses what fusing the whole step would: a run of pointwise ops that crosses from
+    one block into the next (a residual add, then the next block's norm) stays one kernel. A block of
+    `copies` whose first unfused op is at r runs as its first r ops (joined to the chunk before), then
+    copies - 1 blocks rotated to start at r, then its ops from r (joined to the chunk after); a block of
+    fused ops only is written out in full.
+
+    # block [norm, mm, add] x 3 after [embed]: [embed, norm], [mm, add, norm] x 2, [mm, add]
+    """
+    aligned: list[tuple[list[OpRecord], int]] = []
+
+    def single(ops: list[OpRecord]) -> None:
+        if aligned and aligned[-1][1] == 1:
+            aligned[-1][0].extend(ops)
+        elif ops:
+            aligned.append((list(ops), 1))
+
+    for ops, copies in chunks:
+        first = next((i for i, record in enumerate(ops) if not fusible(record)), None)
+        if copies == 1 or first is None:
+            single(ops * copies)
+            continue
+        single(ops[:first])
+        aligned.append((ops[first:] + ops[:first], copies - 1))
+        single(ops[first:])
+    return aligned
 
 
 STEADY_TOLERANCE = 1e-12
