@@ -39,11 +39,11 @@ def test_each_read_names_the_op_that_made_the_value() -> None:
     assert [r.op for r in forward] == ["mul", "add", "gelu", "mul"]  # the GEMM is proj's
     mul, add, gelu, scale = forward
     # h * 2 reads h, made by the GEMM one record before: 4 * 8 * 4 = 128 bytes
-    assert mul.reads == ((1, 128),)
-    assert add.reads == ((1, 128),)
-    assert gelu.reads == ((1, 128),)
+    assert mul.reads == ((1, 128, 0),)  # (source, bytes, offset in its storage)
+    assert add.reads == ((1, 128, 0),)
+    assert gelu.reads == ((1, 128, 0),)
     # the scale is a parameter: no op of the step made it (a storage id < 0), 8 * 4 = 32 bytes
-    assert scale.reads[0] == (1, 128) and scale.reads[1][0] < 0 and scale.reads[1][1] == 32
+    assert scale.reads[0] == (1, 128, 0) and scale.reads[1][0] < 0 and scale.reads[1][1] == 32
     # h * 2 + 1 is read by gelu (one record on) and by gelu_backward in the backward: last_use lies beyond
     assert add.writes[0][0] > 1
     assert mul.writes == ((1, 128),)  # read only by the add right after it
@@ -113,3 +113,24 @@ def test_compile_flag_reaches_settings_and_json(capsys) -> None:
     assert eager["settings"]["compile"] is False
     assert document["results"][0]["step_time_s"] < eager["results"][0]["step_time_s"]
 
+
+def test_views_of_one_storage_are_different_values() -> None:
+    class Split(nn.Module):
+        """q and k split from one projection's output, then a pointwise product: [4, 2 x 8] fp32."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(8, 16, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k = self.proj(x).split(8, dim=-1)
+            return (q * 2) * (k + 1)
+
+    trace = trace_of(Split)
+    forward = [r for r in compiled_records(trace.records) if r.phase == "forward"]
+    assert [r.op for r in forward] == ["mm", FUSED_OP]
+    # q and k are halves of the 4 x 16 output: the kernel reads 4 * 8 * 4 = 128 bytes of each, at offsets 0
+    # and 32; as one value it would read only one of them
+    q, k = [r for r in trace.records if r.phase == "forward" and r.op in ("mul", "add") and r.module == ""][:2]
+    assert q.reads[0][1] == k.reads[0][1] == 128 and {q.reads[0][2], k.reads[0][2]} == {0, 32}
+    assert forward[1].bytes_read == 2 * 128

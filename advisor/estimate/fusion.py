@@ -90,10 +90,10 @@ def _traffic(records: Sequence[OpRecord], first: int, last: int) -> tuple[int, i
     writes: dict[object, int] = {}
     for index in range(first, last + 1):
         record = records[index]
-        for position, (source, size) in enumerate(record.reads):
+        for position, (source, size, offset) in enumerate(record.reads):
             if source > 0 and index - source >= first:
                 continue  # made inside the kernel
-            key: object = (index - source) if source > 0 else source if source < 0 else (index, position)
+            key: object = ((index - source) if source > 0 else source if source < 0 else (index, position), offset)
             reads[key] = max(reads.get(key, 0), size)
             if record.op in BATCH_NORMS and position == 0:
                 reads[(key, "second pass")] = size

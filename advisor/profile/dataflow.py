@@ -5,11 +5,12 @@ a value in registers when every op that reads it runs in the same kernel as the 
 reads from memory only the values made outside the kernel and writes only those read after it
 (estimate/fusion.py). The trace records, per op:
 
-- `reads`: one (source, bytes) per value read. A value is a tensor argument, or a whole list of them
-  (a multi-tensor op's argument): its bytes are the tensors' sizes as viewed. `source` > 0: the value's
-  storage was last written by the op `source` records earlier; < 0: -(1 + index) of a storage no
-  recorded op wrote in this step (parameters, inputs, optimizer state: the same storage is the same
-  value); 0: a storage the memory tracker does not know.
+- `reads`: one (source, bytes, offset) per value read. A value is a tensor argument, or a whole list of
+  them (a multi-tensor op's argument): its bytes are the tensors' sizes as viewed, its offset the first
+  tensor's in its storage (bytes; views of one storage, such as q, k and v split from one projection,
+  are different values). `source` > 0: the value's storage was last written by the op `source` records
+  earlier; < 0: -(1 + index) of a storage no recorded op wrote in this step (parameters, inputs,
+  optimizer state); 0: a storage the memory tracker does not know.
 - `writes`: one (last_use, bytes) per value written (outputs, and the argument an in-place op
   changes): the op that reads it last is `last_use` records later; 0 when no recorded op of the step
   reads it; < 0: -(1 + index) of a storage made before the step, which outlives it (parameters,
@@ -28,8 +29,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-Flow = tuple[tuple[int, int], ...]
-"""(source or last_use, bytes) per value of an op (see the module docstring)."""
+Flow = tuple[tuple[int, ...], ...]
+"""(source, bytes, offset) per value an op reads, (last_use, bytes) per value it writes (see the module
+docstring)."""
 
 
 def _values(tree: Any, lists_whole: bool) -> list[list[torch.Tensor]]:
@@ -85,7 +87,7 @@ class Dataflow:
             self.written.append([])
             self.last_use.append([])
             return
-        reads: list[tuple[int, int]] = []
+        reads: list[tuple[int, ...]] = []
         for tensors in inputs:
             storages = [self.storage_of(t) for t in tensors]
             for storage in storages:
@@ -97,7 +99,8 @@ class Dataflow:
                 source = index - writer[0]
             else:
                 source = 0 if storages[0] is None else -(1 + storages[0])
-            reads.append((source, _nbytes(tensors)))
+            offset = tensors[0].storage_offset() * tensors[0].element_size()
+            reads.append((source, _nbytes(tensors), offset))
         written: list[int] = []
         for slot, tensors in enumerate(changed):
             written.append(_nbytes(tensors))
@@ -116,7 +119,8 @@ class Dataflow:
         traced once): the copies read and write what it does."""
         for _ in range(copies):
             index = len(self.reads)
-            self.reads.append(tuple((source + 1 if source > 0 else source, size) for source, size in self.reads[-1]))
+            self.reads.append(tuple((source + 1 if source > 0 else source, size, offset)
+                                    for source, size, offset in self.reads[-1]))
             self.written.append(list(self.written[-1]))
             self.last_use.append([index] * len(self.written[-1]))
             self.kept.update({(index, slot): self.kept[(index - 1, slot)] for slot in range(len(self.written[-1]))
@@ -125,7 +129,7 @@ class Dataflow:
     def scale_last(self, factor: float) -> None:
         """The last record's values stand for `factor` times their bytes (a multi-tensor op's lists
         lengthened for blocks traced once)."""
-        self.reads[-1] = tuple((source, round(size * factor)) for source, size in self.reads[-1])
+        self.reads[-1] = tuple((source, round(size * factor), offset) for source, size, offset in self.reads[-1])
         self.written[-1] = [round(size * factor) for size in self.written[-1]]
 
     def flows(self) -> list[tuple[Flow, Flow]]:
