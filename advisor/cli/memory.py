@@ -20,6 +20,7 @@ from advisor.profile.choices import describe_optimizer
 from advisor.profile.coverage import trace_notes
 
 if TYPE_CHECKING:
+    from advisor.memory.estimate import DeviceMemory
     from advisor.memory.plan import MemoryPlan
 
 
@@ -101,34 +102,31 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
     return "\n".join(lines)
 
 
+MEMORY_COLUMNS = (Column("Mem GiB", True), Column("Peak GiB", True), Column("Fits"), Column("Weights", True),
+                  Column("Grads", True), Column("Optim", True), Column("Activ", True), Column("Overhead", True),
+                  Column("Max batch", True))
+"""The columns of one GPU's memory, after those that say which GPU and how it is shared."""
+
+
+def _memory_cells(result: DeviceMemory) -> list[str]:
+    """One GPU's memory as MEMORY_COLUMNS' cells."""
+    fits = "yes" if result.fits else f"no, {gib(result.missing_bytes)} short"
+    memory = result.memory
+    return [gib(result.capacity_bytes), gib(result.peak_bytes), fits, gib(memory["weights"]),
+            gib(memory["gradients"]), gib(memory["optimizer"]), gib(memory["activations"]), gib(memory["overhead"]),
+            "-" if result.max_batch_size is None else f"{result.max_batch_size:,}"]
+
+
 def _table(plan: MemoryPlan, db: HardwareDB) -> str:
-    columns = [Column("ID"), Column("Name"), Column("Mem GiB", True), Column("Peak GiB", True), Column("Fits"),
-               Column("Weights", True), Column("Grads", True), Column("Optim", True), Column("Activ", True),
-               Column("Overhead", True), Column("Max batch", True)]
-    rows = []
-    ordered = sorted(plan.results, key=lambda r: (r.capacity_bytes, r.gpu_id))
-    for result in ordered:
-        fits = "yes" if result.fits else f"no, {gib(result.missing_bytes)} short"
-        memory = result.memory
-        rows.append([result.gpu_id, db.gpu(result.gpu_id).name, gib(result.capacity_bytes), gib(result.peak_bytes),
-                     fits, gib(memory["weights"]), gib(memory["gradients"]), gib(memory["optimizer"]),
-                     gib(memory["activations"]), gib(memory["overhead"]),
-                     "-" if result.max_batch_size is None else f"{result.max_batch_size:,}"])
-    return render_table(columns, rows)
+    rows = [[result.gpu_id, db.gpu(result.gpu_id).name, *_memory_cells(result)]
+            for result in sorted(plan.results, key=lambda r: (r.capacity_bytes, r.gpu_id))]
+    return render_table([Column("ID"), Column("Name"), *MEMORY_COLUMNS], rows)
 
 
 def _sharded_table(plan: MemoryPlan, db: HardwareDB) -> str:
     """Each GPU's memory per strategy (advisor memory --num-gpus)."""
-    columns = [Column("ID"), Column("GPUs", True), Column("Strategy"), Column("Mem GiB", True),
-               Column("Peak GiB", True), Column("Fits"), Column("Weights", True), Column("Grads", True),
-               Column("Optim", True), Column("Activ", True), Column("Overhead", True), Column("Max batch", True)]
     rows = []
     for sharded in sorted(plan.sharded, key=lambda r: (db.gpu(r.gpu_id).memory_bytes, r.gpu_id)):
-        result, memory = sharded.memory, sharded.memory.memory
-        fits = "yes" if result.fits else f"no, {gib(result.missing_bytes)} short"
         gpus = f"{sharded.num_gpus}" + (f" ({sharded.nodes} nodes)" if sharded.nodes > 1 else "")
-        rows.append([sharded.gpu_id, gpus, sharded.strategy, gib(result.capacity_bytes), gib(result.peak_bytes),
-                     fits, gib(memory["weights"]), gib(memory["gradients"]), gib(memory["optimizer"]),
-                     gib(memory["activations"]), gib(memory["overhead"]),
-                     "-" if result.max_batch_size is None else f"{result.max_batch_size:,}"])
-    return render_table(columns, rows)
+        rows.append([sharded.gpu_id, gpus, sharded.strategy, *_memory_cells(sharded.memory)])
+    return render_table([Column("ID"), Column("GPUs", True), Column("Strategy"), *MEMORY_COLUMNS], rows)

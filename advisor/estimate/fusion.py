@@ -28,6 +28,7 @@ second read of its input).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 
 from advisor.estimate.ops import BATCH_NORMS
 from advisor.profile.trace import OpRecord
@@ -53,16 +54,9 @@ def fusible(record: OpRecord) -> bool:
 def compiled_records(records: Sequence[OpRecord]) -> list[OpRecord]:
     """`records` with each run of fusible ops of one phase replaced by the one kernel it fuses into."""
     lowered: list[OpRecord] = []
-    run: list[int] = []
-    for index, record in enumerate(records):
-        if fusible(record) and (not run or records[run[0]].phase == record.phase):
-            run.append(index)
-            continue
-        lowered.extend(_fused(records, run))
-        run = [index] if fusible(record) else []
-        if not run:
-            lowered.append(record)
-    lowered.extend(_fused(records, run))
+    for (fuses, _), run in groupby(range(len(records)), key=lambda i: (fusible(records[i]), records[i].phase)):
+        indices = list(run)
+        lowered.extend(_fused(records, indices) if fuses else (records[i] for i in indices))
     return lowered
 
 

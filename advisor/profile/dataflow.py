@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from advisor.profile.repeated import tensor_list
+
 Flow = tuple[tuple[int, ...], ...]
 """(source, bytes, offset) per value an op reads, (last_use, bytes) per value it writes (see the module
 docstring)."""
@@ -38,16 +40,12 @@ def _values(tree: Any, lists_whole: bool) -> list[list[torch.Tensor]]:
     """The values in `tree` (an op's arguments, or its results in a tuple): each tensor, and with
     `lists_whole` (a multi-tensor op) each list of tensors as one."""
     values: list[list[torch.Tensor]] = []
-    for item in tree_flatten(tree, is_leaf=lambda x: lists_whole and _tensor_list(x))[0]:
+    for item in tree_flatten(tree, is_leaf=lambda x: lists_whole and tensor_list(x))[0]:
         if isinstance(item, torch.Tensor):
             values.append([item])
-        elif lists_whole and _tensor_list(item):
+        elif lists_whole and tensor_list(item):
             values.append(list(item))
     return values
-
-
-def _tensor_list(item: Any) -> bool:
-    return isinstance(item, (list, tuple)) and bool(item) and all(isinstance(t, torch.Tensor) for t in item)
 
 
 def _nbytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -121,7 +121,7 @@ class OpRecord:
     tensors: int = 1
     """Tensors one call works on: the length of a multi-tensor (`_foreach_*`) op's first list, else 1."""
     reads: Flow = field(default=(), compare=False, repr=False)
-    """(source, bytes) of each value the op reads: which op made it (dataflow.py)."""
+    """(source, bytes, offset) of each value the op reads: which op made it (dataflow.py)."""
     writes: Flow = field(default=(), compare=False, repr=False)
     """(last_use, bytes) of each value the op writes: which op reads it last (dataflow.py)."""
 
@@ -367,7 +367,9 @@ class _Recorder(TorchDispatchMode):
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
             records = [record]
-            self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, record.tensors > 1 or record.op.startswith("_foreach_"), first_storage)
+            multi_tensor = record.tensors > 1 or record.op.startswith("_foreach_")
+            self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, multi_tensor,
+                                 first_storage)
             if self.replicas is not None and self.phase == "optimizer":
                 records = self.replicas.expand(record, func, args, kwargs, out, op_cost, self.memory.index_of)
                 self._replicated_dataflow(record, records)
