@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from heldout import HELDOUT, available  # noqa: E402
 from newer_rows import FAMILIES, PlanRun, VisionRun, family_name, largest_fitting_batch, read_newer, run_of  # noqa: E402
+from printed import print_report  # noqa: E402
 from zoo import ModelParts, cast_model_and_inputs, example, zoo_parts  # noqa: E402
 
 from advisor.app.plan import plan  # noqa: E402
@@ -838,10 +839,7 @@ def main() -> int:
         else:
             lines.append("none measured yet: run benchmarks/gpu_groundtruth.py on a GPU (docs/gpu-ground-truth.md)")
     lines.append(f"\n({time.perf_counter() - started:.0f} s)")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_report(lines, args.out)
     if args.summary:
         # a part run on its own replaces its figures only, stamped with its own date and command
         stamp = {"date": time.strftime("%Y-%m-%d"), "torch": str(torch.__version__),

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from printed import print_report
+
 from advisor.calibration.profile import CalibrationProfile
 from advisor.calibration.runner import calibrate, cold_bytes, cpu_target, roofline
 from advisor.calibration.suite import COMPUTE_OPS, Case, case_cost, load_suite
@@ -127,10 +129,7 @@ def main() -> int:
         f"{statistics.median(bare):.1%}, mean {statistics.mean(bare):.1%}",
         f"ratio of medians (bare / calibrated): {statistics.median(bare) / statistics.median(ours):.1f}x",
     ]
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.write_text(report + "\n", encoding="utf-8")
+    print_report(lines, args.out)
     return 0
 
 

@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fp8_speedup import gpu_device  # noqa: E402
+from printed import print_report  # noqa: E402
 from zoo import ZOO, example  # noqa: E402
 
 from advisor.estimate.step import estimate_step  # noqa: E402
@@ -117,10 +118,7 @@ def main() -> int:
     lines.append(f"gpt2_small b12 amp-bf16 (nanoGPT's shape): ours {eager / compiled:.2f}x; nanoGPT README "
                  f"{NANOGPT:.2f}x with a materialised attention softmax in eager (an upper reference)")
     lines.append(f"({time.perf_counter() - started:.0f} s)")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.write_text(report + "\n")
+    print_report(lines, args.out)
     return 0
 
 

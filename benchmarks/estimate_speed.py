@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from printed import print_report
+
 MODELS = {
     "7b": ("llama", "the 7B example (Llama 2 7B layout), batch 1 x 2,048 tokens, amp-bf16"),
     "1b": ("hf:llama-3.2-1b", "Llama-3.2-1B, batch 8 x 2,048 tokens, amp-bf16"),
@@ -183,10 +185,7 @@ def main() -> int:
         lines.append(f"{name}: {value:.2f}{verdict}")
     worst_rss = max(max(row["cold_rss"], row["auto_rss"]) for row in rows.values())
     lines.append(f"peak RSS over every run: {worst_rss:.2f} GB (bar 1 GB: {'met' if worst_rss < 1 else 'NOT met'})")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_report(lines, args.out)
     return 0
 
 

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from printed import print_report  # noqa: E402
 from zoo import example  # noqa: E402
 
 from advisor.calibration.reference import load_families  # noqa: E402
@@ -150,10 +151,7 @@ def main() -> int:
     lines += ["", f"gpt2_small (batch 8 x 1,024 tokens, whole step) on h100-sxm: amp-bf16 {bf16 * 1e3:.1f} ms, "
                   f"fp8 {fp8 * 1e3:.1f} ms: fp8 {ratio:.3f}x the throughput",
               f"\n({time.perf_counter() - started:.0f} s)"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_report(lines, args.out)
     return 0
 
 

@@ -30,6 +30,8 @@ import statistics
 import time
 from pathlib import Path
 
+from printed import print_report
+
 from advisor.pipeline.datasets import pipeline_for
 from advisor.pipeline.machine import mechanics
 from advisor.pipeline.measure import loader_throughput, measure_samples
@@ -89,10 +91,7 @@ def main() -> int:
     lines.append(f"median |error|: ours {ours_median:.1%} (worst {worst:.1%}; bar {BAR:.0%} on every row: "
                  f"{'met' if worst <= BAR else 'NOT met'}), fixed rate per worker {baseline_median:.1%}")
     lines += cloud_case()
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_report(lines, args.out)
     return 0
 
 
