@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from estimate_speed import run as run_advisor  # wall seconds of `python -m advisor ARGV`, fresh process
+from estimate_speed import fresh  # (wall seconds, peak RSS) of `python ARGV` in a fresh process
+from printed import print_report
 
 SIZES = ((120, 40), (80, 24))
 READY = "sorted by time"
@@ -74,12 +75,10 @@ def main() -> int:
         runs = [launch_once(args.model, width, height) for _ in range(args.repeats)]
         lines.append(f"{f'{width}x{height}':<10} {statistics.median(r[0] for r in runs):>14.2f} "
                      f"{','.join(str(r[1]) for r in runs):>14}")
-    baseline = statistics.median(run_advisor(['estimate', args.model])[0] for _ in range(args.repeats))
+    baseline = statistics.median(fresh(['-m', 'advisor', 'estimate', args.model], dict(os.environ))[0]
+                                 for _ in range(args.repeats))
     lines.append(f"baseline: `advisor estimate {args.model}` (same work, no UI): {baseline:.2f} s")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_report(lines, args.out)
     return 0
 
 
