@@ -33,6 +33,7 @@ from advisor.profile.choices import (
     LANGUAGE_MODEL_PRECISION,
     OPTIMIZER_CHOICES,
     PRECISIONS,
+    precision_of,
 )
 from advisor.profile.watch import DEFAULT_TRACE_TIMEOUT_S
 
@@ -192,7 +193,7 @@ class PlanRequest:
         from advisor.profile.adapters import Adaptation
 
         base = self.base_weights
-        if base is None and self.lora is not None and precision in ("amp-bf16", "fp8"):
+        if base is None and self.lora is not None and precision_of(precision).autocast == "bf16":
             base = "bf16"
         return Adaptation(self.lora, self.lora_targets, base)
 
