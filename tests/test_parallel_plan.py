@@ -142,8 +142,10 @@ def test_a_job_one_gpu_cannot_hold_names_the_fewest_that_fit(db) -> None:
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"parallel": "tp", "num_gpus": 8}, "tensor parallelism is not modelled yet"),
-    ({"tp": 2, "num_gpus": 8}, "tensor parallelism is not modelled yet"),
+    ({"tp": 3, "num_gpus": 8}, "with N a multiple of 3"),
+    ({"tp": 2}, "give --num-gpus N"),
+    ({"tp": 2, "num_gpus": 8, "parallel": "hsdp"}, "does not combine with --tp"),
+    ({"parallel": "tp"}, "give their number with --num-gpus"),
     ({"parallel": "fsdp"}, "give their number with --num-gpus"),
     ({"num_gpus": 0}, "number of GPUs must be at least 1"),
 ])

@@ -480,7 +480,7 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "host_cpu": ("xeon-8275cl", "host_cpu", "xeon-8275cl"),
     "num_gpus": ("8", "num_gpus", 8),
     "parallel": ("fsdp", "parallel", "fsdp"),
-    "tp": (None, "tp", None),  # tensor parallelism is refused until modelled: tests/test_parallel_plan.py
+    "tp": ("2", "tp", 2),
 }
 
 

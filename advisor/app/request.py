@@ -162,9 +162,12 @@ class PlanRequest:
         _check_whole("tensor-parallel degree", self.tp, MAX_NUM_GPUS)
         if self.parallel not in PARALLEL_CHOICES:
             raise UserError(f"unknown --parallel '{self.parallel}'; choose one of {', '.join(PARALLEL_CHOICES)}")
-        if self.parallel == "tp" or (self.tp or 1) > 1:
-            raise UserError("tensor parallelism is not modelled yet: use --parallel auto, ddp, zero1, zero2, fsdp "
-                            "or hsdp (data parallel)")
+        if (self.tp or 1) > 1 and (self.num_gpus or 1) % self.tp:
+            raise UserError(f"--tp {self.tp} splits each layer over {self.tp} GPUs: give --num-gpus N with N a "
+                            f"multiple of {self.tp}")
+        if self.tp is not None and self.tp > 1 and self.parallel == "hsdp":
+            raise UserError("--parallel hsdp does not combine with --tp: use --parallel fsdp --tp K (fsdp between "
+                            "the tensor-parallel groups)")
         if self.parallel != "auto" and (self.num_gpus or 1) == 1:
             raise UserError(f"--parallel {self.parallel} splits a job over GPUs: give their number with --num-gpus N")
 
@@ -246,7 +249,7 @@ class PlanRequest:
 
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
                                 self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu,
-                                self.num_gpus, self.parallel, self.compiled)
+                                self.num_gpus, self.parallel, self.compiled, self.tp)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""

@@ -34,6 +34,8 @@ from advisor.parallel.strategy import (
     fsdp_units,
     per_rank_memory,
 )
+from advisor.parallel.tensor import TensorPlan, tensor_collectives, tensor_plan
+from advisor.parallel.tensor import rank_trace as tensor_rank_trace
 from advisor.parallel.topology import node_link
 from advisor.profile.choices import precision_of
 from advisor.profile.trace import StepTrace
@@ -76,6 +78,11 @@ class Sharding:
         parameters = min(float((trace.total_params or trace.params) * weight_bytes), float(held))
         return cls(fsdp_units(trace.params_by_module), parameters, float(trace.params * weight_bytes),
                    max(held - parameters, 0.0), precision.autocast is not None)
+
+    def tensor_parallel(self, kept: float) -> Sharding:
+        """What one rank of a tensor-parallel group holds and sends to the data-parallel ranks: `kept` of the
+        parameters and gradients (TensorPlan.kept_share; the FSDP units keep their shares)."""
+        return replace(self, parameter_bytes=self.parameter_bytes * kept, gradient_bytes=self.gradient_bytes * kept)
 
     def gathered_by(self, strategy: str) -> float:
         """Bytes of every parameter as `strategy` gathers or broadcasts them: as stored, or in autocast's
@@ -185,30 +192,81 @@ def strategies_for(parallel: str, nodes: int) -> tuple[str, ...]:
     (hsdp only across nodes), else the one asked for."""
     if parallel == "auto":
         return NODE_STRATEGIES + (("hsdp",) if nodes > 1 else ())
+    if parallel == "tp":  # Megatron's: DDP between the tensor-parallel groups
+        return ("ddp",)
     return (parallel,)
+
+
+def tensor_degree(parallel: str, tp: int | None, machines: Machines) -> int | str:
+    """The tensor-parallel degree on `machines`: --tp, else (--parallel tp) every GPU of one machine, else 1;
+    a sentence where its groups cannot fill the machines (tensor parallelism stays inside one)."""
+    if tp is None:
+        tp = min(machines.gpus, machines.gpus_per_node) if parallel == "tp" else 1
+    if machines.gpus_per_node % tp or machines.gpus % tp:
+        return (f"tensor-parallel groups of {tp} GPUs do not divide {machines.gpus} GPUs in machines of "
+                f"{machines.gpus_per_node} (a group stays inside one machine)")
+    return tp
 
 
 class LayoutMemory:
     """Each rank's device-independent memory per layout, from the step traced at its batch (and, for the
-    batch line, at twice it): the rank's re-played live memory through the allocator, once per layout."""
+    batch line, at twice it): the rank's re-played live memory through the allocator, once per layout. Also
+    the tensor-parallel plan of the step and each degree's rank trace (parallel/tensor.py)."""
 
     def __init__(self, trace: StepTrace, second: StepTrace | None) -> None:
         self.trace, self.second = trace, second
         self.sharding = Sharding.of_trace(trace)
         self._second_sharding = None if second is None else Sharding.of_trace(second)
-        self._steps: dict[tuple[str, int, int], StepMemory] = {}
-        self._lines: dict[tuple[str, int, int], BatchMemoryModel] = {}
+        self._steps: dict[tuple[str, int, int, int], StepMemory] = {}
+        self._lines: dict[tuple[str, int, int, int], BatchMemoryModel] = {}
+        self._plan: TensorPlan | str | None = None
+        self._tensor: dict[tuple[int, bool], StepTrace] = {}
+
+    @property
+    def plan(self) -> TensorPlan | str:
+        """The step's tensor-parallel plan, or why it has none."""
+        if self._plan is None:
+            self._plan = tensor_plan(self.trace)
+        return self._plan
+
+    def tensor_plan(self) -> TensorPlan:
+        plan = self.plan
+        assert isinstance(plan, TensorPlan), plan
+        return plan
+
+    def tensor_trace(self, tp: int, second: bool = False) -> StepTrace:
+        """One rank's step in a tensor-parallel group of `tp` (the traced step itself for 1); `second`: at
+        twice the batch."""
+        base = self.second if second else self.trace
+        assert base is not None
+        if tp == 1:
+            return base
+        key = (tp, second)
+        if key not in self._tensor:
+            self._tensor[key] = tensor_rank_trace(base, self.tensor_plan(), tp)
+        return self._tensor[key]
+
+    def sharding_for(self, tp: int, second: bool = False) -> Sharding:
+        """What the data-parallel strategies see of one rank of a tensor-parallel group of `tp`."""
+        base = self._second_sharding if second else self.sharding
+        assert base is not None
+        return base if tp == 1 else base.tensor_parallel(self.tensor_plan().kept_share(tp))
+
+    def tensor_collectives(self, tp: int, micro_batches: int) -> list[Collective]:
+        """Each rank's all-reduces in its tensor-parallel group of `tp` (none for 1)."""
+        return [] if tp == 1 else tensor_collectives(self.trace, self.tensor_plan(), tp, micro_batches)
 
     @staticmethod
-    def _key(layout: Layout) -> tuple[str, int, int]:
+    def _key(layout: Layout) -> tuple[str, int, int, int]:
         per_node = layout.gpus_per_node if layout.strategy == "hsdp" else 0  # only hsdp's shards depend on it
-        return layout.strategy, layout.gpus, per_node
+        return layout.strategy, layout.gpus, per_node, layout.tp
 
     def step(self, layout: Layout) -> StepMemory:
         """One rank's memory at the traced batch."""
         key = self._key(layout)
         if key not in self._steps:
-            self._steps[key] = StepMemory.of_trace(rank_trace(self.trace, layout, self.sharding))
+            self._steps[key] = StepMemory.of_trace(rank_trace(self.tensor_trace(layout.tp), layout,
+                                                              self.sharding_for(layout.tp)))
         return self._steps[key]
 
     def batch_model(self, layout: Layout) -> BatchMemoryModel | None:
@@ -218,7 +276,8 @@ class LayoutMemory:
             return None
         key = self._key(layout)
         if key not in self._lines:
-            second = StepMemory.of_trace(rank_trace(self.second, layout, self._second_sharding))
+            second = StepMemory.of_trace(rank_trace(self.tensor_trace(layout.tp, second=True), layout,
+                                                    self.sharding_for(layout.tp, second=True)))
             self._lines[key] = BatchMemoryModel(self.step(layout), second)
         return self._lines[key]
 
@@ -257,10 +316,11 @@ class Scaling:
         return self.layout.gpus
 
     def efficiency(self, step_s: float) -> float | None:
-        """N-GPU throughput over N x one GPU's (the per-GPU batch is the same): single step / rank step.
-        None where one GPU cannot hold the step: a sharded rank steps 1/N of the optimizer, so against a
-        one-GPU step that does not fit the ratio exceeds 100% (Llama-3.1-8B on 8 H100s read 164%)."""
-        return self.single_step_s / step_s if self.single_fits else None
+        """N-GPU throughput over N x one GPU's: single step / (rank step x tp), each tensor-parallel group of
+        tp GPUs taking the batch one GPU would. None where one GPU cannot hold the step: a sharded rank steps
+        1/N of the optimizer, so against a one-GPU step that does not fit the ratio exceeds 100%
+        (Llama-3.1-8B on 8 H100s read 164%)."""
+        return self.single_step_s / (step_s * self.layout.tp) if self.single_fits else None
 
     def describe(self) -> str:
         """"8 GPUs (1 node, nvlink4-nvswitch), fsdp"."""
@@ -268,7 +328,8 @@ class Scaling:
         where = f"{nodes} node{'s' if nodes > 1 else ''}, {self.machines.node_link.id}"
         if nodes > 1 and self.machines.network is not None:
             where += f" + {self.machines.network.id}"
-        return f"{self.gpus} GPUs ({where}), {self.layout.strategy}"
+        tensor = f" (tensor-parallel groups of {self.layout.tp})" if self.layout.tp > 1 else ""
+        return f"{self.gpus} GPUs ({where}), {self.layout.name}{tensor}"
 
     def to_dict(self) -> dict[str, Any]:
         return self.layout.to_dict() | {"reason": self.reason, "gpus_per_node": self.machines.gpus_per_node,
@@ -351,21 +412,23 @@ def sharded_step(step: StepTime, layout: Layout, comm: Communication) -> StepTim
 
 
 def sharded_memory(layouts: LayoutMemory, db: HardwareDB, gpus: Sequence[GPUSpec], num_gpus: int, parallel: str,
-                   cuda_context_bytes: int | None = None) -> tuple[list[ShardedMemory], list[tuple[str, str]]]:
+                   cuda_context_bytes: int | None = None, tp: int | None = None
+                   ) -> tuple[list[ShardedMemory], list[tuple[str, str]]]:
     """Each GPU's memory with `num_gpus` of its type on the machines that hold them, for every strategy
-    `parallel` allows (strategies_for), with the largest per-GPU batch that fits; (GPU id, why) for those no
-    machine holds that many of."""
+    `parallel` allows (strategies_for) in tensor-parallel groups of `tp` (tensor_degree), with the largest
+    per-GPU batch that fits; (GPU id, why) for those no machine holds that many of."""
     sharded: list[ShardedMemory] = []
     skipped: list[tuple[str, str]] = []
     for gpu in gpus:
         machines = machines_for(db, gpu, num_gpus)
-        if isinstance(machines, str):
-            skipped.append((gpu.id, machines))
+        degree = machines if isinstance(machines, str) else tensor_degree(parallel, tp, machines)
+        if isinstance(machines, str) or isinstance(degree, str):
+            skipped.append((gpu.id, degree if isinstance(degree, str) else str(machines)))
             continue
         nccl = communicator_bytes(db, machines)
         for strategy in strategies_for(parallel, machines.nodes):
-            layout = Layout(strategy, num_gpus, machines.gpus_per_node)
+            layout = Layout(strategy, num_gpus, machines.gpus_per_node, degree)
             memory = device_memory(layouts.step(layout), gpu, db.memory_overhead(gpu), layouts.batch_model(layout),
                                    cuda_context_bytes, nccl)
-            sharded.append(ShardedMemory(gpu.id, num_gpus, machines.nodes, strategy, memory))
+            sharded.append(ShardedMemory(gpu.id, num_gpus, machines.nodes, layout.name, memory))
     return sharded, skipped

@@ -31,6 +31,7 @@ from advisor.estimate.parallel import (
     sharded_step,
     step_collectives,
     strategies_for,
+    tensor_degree,
 )
 from advisor.estimate.step import Chunks, StepTime, chunks_of, estimate_accumulated, estimate_chunks
 from advisor.errors import UserError
@@ -219,7 +220,7 @@ class DeviceEstimate:
         """The few figures of a job that names its configuration (the smallest-fit column)."""
         offer = self.cheapest()
         return {"num_gpus": self.num_gpus, "nodes": 1 if self.scaling is None else self.scaling.machines.nodes,
-                "parallel": None if self.scaling is None else self.scaling.layout.strategy,
+                "parallel": None if self.scaling is None else self.scaling.layout.name,
                 "fits": self.fits, "peak_memory_bytes": self.memory.peak_bytes, "step_time_s": self.step_time_s,
                 "time_to_train_s": self.time_to_train_s, "throughput_samples_per_s": self.throughput,
                 "scaling_efficiency": self.scaling_efficiency,
@@ -253,6 +254,8 @@ class EstimateSettings:
     """How several GPUs share the job (app.request.PARALLEL_CHOICES): "auto" picks the fastest that fits."""
     compiled: bool = False
     """The step as torch.compile runs it: pointwise ops fused between library kernels (fusion.py)."""
+    tp: int | None = None
+    """Tensor-parallel degree (--tp; None: every GPU of a machine under --parallel tp, else 1)."""
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
@@ -274,6 +277,7 @@ class EstimateSettings:
             "spot": self.spot,
             "num_gpus": self.num_gpus or 1,
             "parallel": self.parallel,
+            "tp": self.tp,
             "compile": self.compiled,
             "lora": adaptation.lora_rank,
             "lora_targets": list(adaptation.lora_targets),
@@ -453,22 +457,26 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
 
 def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
                       machines: Machines, layouts: LayoutMemory, strategies: Sequence[str],
-                      lowered: Chunks | None = None, pipeline: PipelineProfile | None = None) -> DeviceEstimate:
-    """The job on `machines`' GPUs of `target`'s type: each of `strategies` sized and timed per rank (the
-    trace is one rank's micro-batch), the fastest that fits kept (none fits: the one with the least memory
-    per GPU), the others listed beside it."""
+                      lowered: Chunks | None = None, pipeline: PipelineProfile | None = None,
+                      tp: int = 1) -> DeviceEstimate:
+    """The job on `machines`' GPUs of `target`'s type, in tensor-parallel groups of `tp`: each of
+    `strategies` sized and timed per rank (the trace is one data-parallel rank's micro-batch), the fastest
+    that fits kept (none fits: the one with the least memory per GPU), the others listed beside it."""
     single = step_time(trace, settings, target, lowered)
+    rank = layouts.tensor_trace(tp)
+    compute = single if tp == 1 else step_time(rank, settings, target)
     micro_batches = settings.memory.accumulation_steps
     nccl = communicator_bytes(db, machines)
     context = settings.memory.cuda_context_bytes
+    tensor = layouts.tensor_collectives(tp, micro_batches)
     tried = []
     for strategy in strategies:
-        layout = Layout(strategy, machines.gpus, machines.gpus_per_node)
+        layout = Layout(strategy, machines.gpus, machines.gpus_per_node, tp)
         memory = device_memory(layouts.step(layout), target, target.memory_overhead, None, context, nccl)
-        comm = communication(step_collectives(layout, layouts.sharding, micro_batches), machines, single,
-                             micro_batches)
-        tried.append((layout, memory, comm, sharded_step(single, layout, comm)))
-    alternatives = [Alternative(layout.strategy, memory.fits, memory.peak_bytes, step.step_s)
+        found = step_collectives(layout, layouts.sharding_for(tp), micro_batches) + tensor
+        comm = communication(found, machines, compute, micro_batches)
+        tried.append((layout, memory, comm, sharded_step(compute, layout, comm)))
+    alternatives = [Alternative(layout.name, memory.fits, memory.peak_bytes, step.step_s)
                     for layout, memory, _, step in tried]
     fitting = [i for i, a in enumerate(alternatives) if a.fits]
     if fitting:
@@ -482,7 +490,8 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
     scaling = Scaling(layout, machines, comm, single.step_s,
                       choice_reason(settings.parallel, alternatives[best], alternatives), tuple(alternatives),
                       alone.fits)
-    return estimate_device(trace, settings, target, memory, db, lowered, pipeline, scaling, step)
+    return estimate_device(rank, settings, target, memory, db, lowered if tp == 1 else None, pipeline, scaling,
+                           step)
 
 
 def spreads(target: EstimateTarget) -> bool:
@@ -500,8 +509,11 @@ def estimate_on_gpus(trace: StepTrace, settings: EstimateSettings, target: Estim
     machines = machines_for(db, target.gpu, settings.num_gpus)
     if isinstance(machines, str):
         return machines
+    tp = tensor_degree(settings.parallel, settings.tp, machines)
+    if isinstance(tp, str):
+        return tp
     return estimate_parallel(trace, settings, target, db, machines, layouts,
-                             strategies_for(settings.parallel, machines.nodes), lowered, pipeline)
+                             strategies_for(settings.parallel, machines.nodes), lowered, pipeline, tp)
 
 
 def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
@@ -621,6 +633,8 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     layouts = LayoutMemory(trace, second)
     skipped: list[tuple[str, str]] = []
     gpus = settings.num_gpus
+    if (settings.parallel == "tp" or (settings.tp or 1) > 1) and isinstance(layouts.plan, str):
+        raise UserError(f"tensor parallelism cannot split {model.source}: {layouts.plan}")
     for target in targets:
         if target.device.kind != "gpu":
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)

@@ -61,15 +61,19 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Layout:
-    """`gpus` GPUs, `gpus_per_node` to an instance, running `strategy`."""
+    """`gpus` GPUs, `gpus_per_node` to an instance, in tensor-parallel groups of `tp` GPUs inside a node
+    (parallel/tensor.py), the groups running the data-parallel `strategy`."""
 
     strategy: str
     gpus: int
     gpus_per_node: int
+    tp: int = 1
 
     def __post_init__(self) -> None:
         assert self.strategy in STRATEGIES, self.strategy
         assert self.gpus >= 1 and self.gpus_per_node >= 1, (self.gpus, self.gpus_per_node)
+        assert self.tp >= 1 and self.gpus % self.tp == 0 and self.gpus_per_node % self.tp == 0, \
+            (self.gpus, self.gpus_per_node, self.tp)
 
     @property
     def nodes(self) -> int:
@@ -78,23 +82,31 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks (every GPU: no tensor parallelism yet)."""
-        return self.gpus
+        """Data-parallel ranks: the tensor-parallel groups, each taking its own batch."""
+        return self.gpus // self.tp
 
     @property
     def shards(self) -> int:
-        """Ranks a sharded state is split over: every rank, or the GPUs of one node for hsdp."""
+        """Data-parallel ranks a sharded state is split over: every one, or those of one node for hsdp."""
         if self.strategy == "hsdp":
-            return min(self.gpus, self.gpus_per_node)
-        return 1 if self.strategy == "ddp" else self.gpus
+            return min(self.gpus, self.gpus_per_node) // self.tp
+        return 1 if self.strategy == "ddp" else self.dp
 
     @property
     def replicas(self) -> int:
         """Copies of each shard (hsdp's nodes; 1 otherwise)."""
-        return self.gpus // self.shards if self.strategy == "hsdp" else 1
+        return self.dp // self.shards if self.strategy == "hsdp" else 1
+
+    @property
+    def name(self) -> str:
+        """The strategy as the user names it: "tp" for tensor parallelism with DDP between its groups (or
+        none), "fsdp+tp" for 2-D, else the data-parallel strategy."""
+        if self.tp == 1:
+            return self.strategy
+        return "tp" if self.strategy == "ddp" else f"{self.strategy}+tp"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.strategy, "dp": self.dp, "tp": 1}
+        return {"strategy": self.name, "dp": self.dp, "tp": self.tp}
 
 
 @dataclass(frozen=True)
@@ -183,15 +195,15 @@ def collectives(layout: Layout, units: Units, weight_bytes: float, gradient_byte
     gathers every micro-batch's parameters but reduce-scatters once."""
     strategy, ranks = layout.strategy, layout.shards
     scope = "network" if layout.nodes > 1 and strategy != "hsdp" else "node"
-    if layout.gpus == 1:
+    if layout.dp == 1:
         return []
     if strategy not in FULLY_SHARDED:
-        found = [Collective("all_reduce", size, 1, "backward", layout.gpus, scope, "backward")
+        found = [Collective("all_reduce", size, 1, "backward", layout.dp, scope, "backward")
                  for size in ddp_buckets(gradient_bytes)]
         if buffer_bytes > 0:
-            found.append(Collective("broadcast", buffer_bytes, micro_batches, "forward", layout.gpus, scope, None))
+            found.append(Collective("broadcast", buffer_bytes, micro_batches, "forward", layout.dp, scope, None))
         if strategy == "zero1":  # each rank broadcasts its shard of the updated parameters
-            found.append(Collective("broadcast", weight_bytes, 1, "optimizer", layout.gpus, scope, None))
+            found.append(Collective("broadcast", weight_bytes, 1, "optimizer", layout.dp, scope, None))
         return _merged(found)
     if units.total_params == 0:
         return []
@@ -239,7 +251,7 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
     holds, buffers included). `mixed_precision`: the step runs under autocast, so fully_shard gathers
     the parameters in autocast's dtype (MixedPrecisionPolicy) and autocast's own weight copies vanish
     (casting a bfloat16 parameter to bfloat16 returns it)."""
-    if layout.gpus == 1:
+    if layout.dp == 1:
         return memory
     strategy, shards = layout.strategy, layout.shards
     sharded = SHARDED[strategy]

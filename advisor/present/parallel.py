@@ -23,12 +23,12 @@ def gpus_cell(result: DeviceEstimate) -> str:
     """The table's GPUs column: "1"; "8 zero2" for a multi-GPU job; "needs 8 fsdp" where one GPU is too
     small and that many fit; "-" where no machine of this GPU holds the job."""
     if result.scaling is not None:
-        return f"{result.num_gpus} {result.scaling.layout.strategy}"
+        return f"{result.num_gpus} {result.scaling.layout.name}"
     if result.fits:
         return "1"
     more = result.scale_out
     if more is not None and more.scaling is not None:
-        return f"needs {more.num_gpus} {more.scaling.layout.strategy}"
+        return f"needs {more.num_gpus} {more.scaling.layout.name}"
     return "-"
 
 
@@ -47,7 +47,9 @@ def parallel_line(result: DeviceEstimate) -> str | None:
         line += f"; scaling efficiency {efficiency:.0%}"
     elif result.fits:
         line += "; no scaling efficiency (one GPU cannot hold the step)"
-    return line + f"; batch {result.batch_size} per GPU, {result.global_batch_size} in all"
+    tp = scaling.layout.tp
+    holder = "GPU" if tp == 1 else f"tensor-parallel group of {tp}"
+    return line + f"; batch {result.batch_size} per {holder}, {result.global_batch_size} in all"
 
 
 def alternatives_line(result: DeviceEstimate) -> str | None:
@@ -70,5 +72,5 @@ def scale_out_line(result: DeviceEstimate) -> str | None:
     offer = more.cheapest()
     rent = "no instance of that size is offered" if offer is None else \
         f"{money(more.job_cost_usd())} USD on {offer.instances} x {offer.provider} {offer.instance}"
-    return (f"Fits on {more.num_gpus} of them ({more.scaling.layout.strategy}, {gib(more.memory.peak_bytes)} GiB "
+    return (f"Fits on {more.num_gpus} of them ({more.scaling.layout.name}, {gib(more.memory.peak_bytes)} GiB "
             f"per GPU): {plan_duration(more.time_to_train_s)}, {rent}")

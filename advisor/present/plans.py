@@ -35,7 +35,7 @@ def plan_outcome(estimate: Estimate, plan: FitPlan) -> str:
     cost = plan.cost_usd
     money_part = f", {money(cost)} USD{' spot' if plan.spot else ''}" if cost is not None else ""
     trained = " [changes what is trained]" if plan.changes_what_is_trained else ""
-    several = "" if result.scaling is None else f" x {result.num_gpus} ({result.scaling.layout.strategy})"
+    several = "" if result.scaling is None else f" x {result.num_gpus} ({result.scaling.layout.name})"
     return (f"{result.id}{several}, {gib(result.memory.peak_bytes)} GiB of {gib(result.memory.capacity_bytes)}, "
             f"{speed}, {plan_duration(result.time_to_train_s)}{money_part}{trained}")
 

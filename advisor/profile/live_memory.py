@@ -16,7 +16,7 @@ Autocast's low-precision copies of weights are `weight_copies`.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +62,10 @@ class StorageLife:
     freed_at: int | None
     category: str
     op: str
+    module: str = ""
+    """The innermost module running when the storage was made ("" where none was known: before the step,
+    or a tracker with no module source): parallel/tensor.py splits the activations of tensor-parallel layers
+    by it."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,10 @@ class LiveMemoryTracker(TorchDispatchMode):
         self._freed: list[int | None] = []
         self._category: list[str | None] = []
         self._op: list[str] = []
+        self._module: list[str] = []
+        self.module_source: Callable[[], str] | None = None
+        """The innermost module running now (the trace's recorder sets it): each storage made in the step
+        records it."""
         self._events: list[tuple[int, int]] = []  # (tick, index or ~index)
         self._finalizers: list[weakref.finalize] = []
         self.phase = "forward"
@@ -235,6 +243,7 @@ class LiveMemoryTracker(TorchDispatchMode):
         self._freed.append(None)
         self._category.append(category)
         self._op.append(op)
+        self._module.append(self.module_source() if self.module_source is not None and self.state == "open" else "")
         if self.state == "open" and not copy:
             self._events.append((self.tick, index))
         self._finalizers.append(weakref.finalize(storage, self._on_free, index))
@@ -283,6 +292,7 @@ class LiveMemoryTracker(TorchDispatchMode):
                 self._freed.append(None)
                 self._category.append(None)
                 self._op.append(self._op[template_index])
+                self._module.append(self._module[template_index])
                 self._alike[len(self._nbytes) - 1] = template_index
                 self._before_order[len(self._nbytes) - 1] = (anchor, 1 + copy, position)
 
@@ -340,7 +350,8 @@ class LiveMemoryTracker(TorchDispatchMode):
         new_index = {old: new for new, old in enumerate(kept)}
         self._kept = new_index
         storages = tuple(
-            StorageLife(self._nbytes[i], self._allocated[i], self._freed[i], self._final_category(i), self._op[i])
+            StorageLife(self._nbytes[i], self._allocated[i], self._freed[i], self._final_category(i), self._op[i],
+                        self._module[i])
             for i in kept
         )
         events = [new_index[i] for i in alive_before]

@@ -314,7 +314,7 @@ class _Recorder(TorchDispatchMode):
         self.real: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.data_dependent: dict[str, int] = {}
 
-    def _module(self) -> str:
+    def module(self) -> str:
         """The innermost module by attribute path from the model ("" is the model itself, as fvcore
         names it); ops outside the model are "(loss)" or "(optimizer)"."""
         names = [name for name in self.tracker.parents if name != "Global"]
@@ -326,7 +326,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace != "prim":  # prim ops (device queries) run where C++ cannot pass an exception on
-            self.watch.tick(self.phase, self._module)
+            self.watch.tick(self.phase, self.module)
         if func.overloadpacket.__name__ in SAME_DTYPE_OPS:
             _check_same_dtype(func.overloadpacket.__name__, args)
         first_storage = self.memory.storage_count  # the memory tracker, below this mode, registers outputs
@@ -363,7 +363,7 @@ class _Recorder(TorchDispatchMode):
         except Exception as exc:
             raise _CostFormulaError(f"cost formula of {func} failed: {exc!r}") from exc
         if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
-            record = OpRecord(self.phase, self._module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
+            record = OpRecord(self.phase, self.module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
             records = [record]
@@ -751,6 +751,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         tracker = _StepModuleTracker()
         recorder = _Recorder(tracker, memory, fake_mode if values == "fake+real-inputs" else None, setup.watch,
                              memory_limit)
+        memory.module_source = recorder.module
         recorder.shortcut_optimizer = setup.optimizer != FILE_OPTIMIZER and not real
         recorder.first_step_aliases = setup.optimizer in FIRST_STEP_ALIASES and not real
         with tracker, recorder:
