@@ -14,6 +14,7 @@ parameter-heavy MLP, 10-15% on the transformers); every measured step's peak is 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import socket
@@ -64,10 +65,17 @@ class CollectiveBytes(TorchDispatchMode):
         self.bytes: dict[str, int] = {}
         self.calls: dict[str, int] = {}
 
+    FUNCTIONAL = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce"}
+    """DTensor's collectives (_c10d_functional): tensor parallelism's all-reduces."""
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         out = func(*args, **(kwargs or {}))
-        if func.namespace == "c10d" and name in self.KIND:
+        if func.namespace == "_c10d_functional" and name in self.FUNCTIONAL:
+            kind = self.FUNCTIONAL[name]
+            self.bytes[kind] = self.bytes.get(kind, 0) + self._message_bytes(name, args)
+            self.calls[kind] = self.calls.get(kind, 0) + 1
+        elif func.namespace == "c10d" and name in self.KIND:
             kind = self.KIND[name]
             self.bytes[kind] = self.bytes.get(kind, 0) + self._message_bytes(name, args)
             self.calls[kind] = self.calls.get(kind, 0) + 1
@@ -184,9 +192,10 @@ def _measure(case: Case, world: int) -> Measured:
         autocast = case.precision == "amp-bf16"
 
         def step() -> None:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = loss_fn(model(batch), batch)
-            loss.backward()
+            with _loss_context(case.strategy):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    loss = loss_fn(model(batch), batch)
+                loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -205,6 +214,34 @@ def _measure(case: Case, world: int) -> Measured:
     return Measured(_step_peaks(profiler), counter.bytes, counter.calls)
 
 
+def _loss_context(strategy: str) -> Any:
+    """Tensor parallelism computes the loss on the vocabulary-split logits (loss_parallel), forward and
+    backward."""
+    if strategy != "tp":
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+    return loss_parallel()
+
+
+def _tensor_parallel(model: nn.Module, world: int) -> nn.Module:
+    """`model` (a Hugging Face Llama) split over `world` ranks as torchtitan's Llama plan splits it: the
+    colwise and rowwise layers advisor.parallel.tensor names, the embedding by vocabulary (its output
+    replicated) and the head by vocabulary (its logits left split for loss_parallel)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from advisor.parallel.tensor import linear_kind
+    plan: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        kind = linear_kind(name) if isinstance(module, nn.Linear) and ".layers." in name else None
+        if kind is not None and kind[1] == name:
+            plan[name] = ColwiseParallel() if kind[0] == "colwise" else RowwiseParallel()
+    plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
+    plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    return parallelize_module(model, init_device_mesh("cpu", (world,)), plan)
+
+
 def _wrapped(model: nn.Module, strategy: str, world: int,
              precision: str = "fp32") -> tuple[nn.Module, torch.optim.Optimizer]:
     """`model` and its AdamW as `strategy` runs them; foreach=True as torch picks for CUDA tensors (on CPU it
@@ -212,6 +249,9 @@ def _wrapped(model: nn.Module, strategy: str, world: int,
     from advisor.parallel.strategy import fsdp_units
     if strategy == "single":  # one GPU's step, for comparison
         return model, torch.optim.AdamW(model.parameters(), foreach=True)
+    if strategy == "tp":  # one tensor at a time: the norms' plain parameters and the DTensors do not mix in a list
+        model = _tensor_parallel(model, world)
+        return model, torch.optim.AdamW(model.parameters(), foreach=False)
     if strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel
         # init_sync=False: every rank built the same seeded model, and gloo may keep the flattened copy of

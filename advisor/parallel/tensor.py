@@ -6,10 +6,9 @@ RowwiseParallel; Hugging Face's `base_model_tp_plan`, torchtitan's Llama plan):
 - In each repeated block, the linear layers that read the block's normalised input are split by output
   features (colwise: q, k, v, gate, up, fc1) and those that write back to the residual by input features
   (rowwise: o, down, fc2). Everything between them (attention heads, the activation function) works on
-  1/K of the features on each rank. The rowwise layer's partial outputs are all-reduced in the forward;
-  the colwise layers' partial input gradients in the backward: two all-reduces of the hidden states per
-  (attention, MLP) pair and direction, on the critical path (not overlapped: an assumption, as Megatron
-  runs without its TP communication overlap).
+  1/K of the features on each rank. Each rowwise layer's partial outputs are all-reduced in the forward,
+  each colwise layer's partial input gradient in the backward (tensor_collectives), on the critical path
+  (not overlapped: an assumption, as Megatron runs without its TP communication overlap).
 - The token embedding is split by vocabulary (its output all-reduced in the forward) and the output head
   by vocabulary too, with the loss computed on the split logits (Megatron's vocab-parallel cross-entropy,
   torch's loss_parallel); the head's input gradient is all-reduced in the backward.
@@ -270,10 +269,15 @@ def rank_trace(trace: StepTrace, plan: TensorPlan, tp: int) -> StepTrace:
 
 
 def tensor_collectives(trace: StepTrace, plan: TensorPlan, tp: int, micro_batches: int = 1) -> list[Collective]:
-    """Each rank's all-reduces over its tensor-parallel group in one optimizer step: per call of a rowwise
-    layer, its output in the forward (again where a checkpointed block recomputes it) and its input's
-    gradient in the backward; the embedding's output in the forward and the head's input gradient in the
-    backward. None hidden behind compute. Sizes are whole hidden states (the layer's output bytes)."""
+    """Each rank's all-reduces over its tensor-parallel group in one optimizer step, as torch's
+    ColwiseParallel and RowwiseParallel run them: per call of a rowwise layer its output in the forward (again
+    where a checkpointed block recomputes it), per call of a colwise layer its input's gradient in the
+    backward (q, k and v apart: three; Phi-3's fused qkv_proj: one); the embedding's output in the forward
+    and the head's input gradient in the backward. None hidden behind compute. Sizes are whole hidden states.
+
+    # Llama, 4 layers, batch 8 x 32 tokens x 64 features in fp32: 8 * 32 * 64 * 4 = 65,536 bytes each;
+    # forward 4 x (o, down) + embedding = 9, backward 4 x (q, k, v, gate, up) + head = 21 all-reduces
+    """
     if tp == 1:
         return []
     sizes: dict[tuple[str, int], int] = {}  # (phase, bytes) -> calls
@@ -282,7 +286,9 @@ def tensor_collectives(trace: StepTrace, plan: TensorPlan, tp: int, micro_batche
         if where == "rowwise" and record.op in MATMULS:
             recompute = any(_within(record.module, block) for block in plan.checkpointed)
             _count(sizes, ("forward", record.bytes_written), 2 if recompute else 1)
-            _count(sizes, ("backward", record.bytes_written), 1)
+        elif where == "colwise" and record.op in MATMULS and record.gemm is not None:
+            _, _, features, hidden = record.gemm  # its input: tokens x hidden, in its output's dtype
+            _count(sizes, ("backward", record.bytes_written * hidden // features), 1)
         elif where == "embedding" and record.op == "embedding":
             _count(sizes, ("forward", record.bytes_written), 1)
         elif where == "head" and record.op in MATMULS and record.gemm is not None:
