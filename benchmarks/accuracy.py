@@ -652,12 +652,14 @@ def plan_outcome(published: Published, row: dict[str, str], run: PlanRun, gpu: G
     result = estimate.results[0]
     scaling = result.scaling
     shards = 1 if scaling is None or scaling.layout.strategy == "ddp" else scaling.layout.shards
-    bare_s = bare_step_seconds(estimate.trace, run.precision, gpu, run.accumulation, shards)
+    tp = 1 if scaling is None else scaling.layout.tp  # the bare roofline splits the whole step over the group
+    bare_s = bare_step_seconds(estimate.trace, run.precision, gpu, run.accumulation, shards) / tp
     measure = functools.partial(published_metric, row["metric"], samples=result.global_batch_size,
                                 tokens=run.seq_len, gpus=result.num_gpus, flops=result.step_flops)
     lora = f" r{run.lora}" if run.lora else ""
     micro = f"/{run.micro_batch}" if run.micro_batch and run.micro_batch != run.batch else ""
-    where = f"{gpu.id} x{run.gpus} {run.strategy}" if run.gpus > 1 else gpu.id
+    tensor = f"+tp{run.tp}" if run.tp > 1 else ""
+    where = f"{gpu.id} x{run.gpus} {run.strategy}{tensor}" if run.gpus > 1 else gpu.id
     label = (f"{row['source_id']}: {run.model.split('/')[-1]}{lora} b{run.batch}{micro} {run.precision}"
              f"{' ckpt' if run.checkpointing else ''}{' compile' if run.compiled else ''} on {where}")
     return Outcome(Row(label, run.model, gpu.id, float(row["value"]), measure(result.step.step_s), measure(bare_s),

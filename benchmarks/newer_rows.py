@@ -101,6 +101,8 @@ class PlanRun:
     gpus: int = 1
     strategy: str = "auto"
     """--parallel on several GPUs: ddp, zero1 (Megatron's distributed optimizer) or fsdp."""
+    tp: int = 1
+    """--tp: tensor-parallel groups of this many GPUs, `strategy` between them (`batch` is each group's)."""
     assumption: str = ""
     """What the source does not say and we chose, printed with the row."""
     compiled: bool = False
@@ -115,7 +117,8 @@ class PlanRun:
                            gpus=(gpu_id,), num_gpus=self.gpus if self.gpus > 1 else None,
                            parallel=self.strategy if self.gpus > 1 else "auto", steps=1, seq_len=self.seq_len,
                            lora=self.lora, lora_targets=self.lora_targets, base_weights=self.base_weights,
-                           plans="never", input_pipeline=False, compiled=self.compiled)
+                           plans="never", input_pipeline=False, compiled=self.compiled,
+                           tp=self.tp if self.tp > 1 else None)
 
     @property
     def accumulation(self) -> int:
@@ -140,10 +143,13 @@ HF_MODELS = (
     ("Gemma 2 9B", "google/gemma-2-9b"),
     ("Gemma 7B", "google/gemma-7b"),
     ("Phi-3-mini 3.8B", "microsoft/Phi-3-mini-4k-instruct"),
+    ("Qwen2.5 32B", "Qwen/Qwen2.5-32B"),
+    ("Llama 3 70B", "meta-llama/Llama-3.1-70B"),
 )
-"""Published model name (before its parenthesis) -> the shipped catalog's config. The others (GPT-OSS 20B,
-Qwen3 MoE 30B, Nemotron Nano MoE, Llama 3 70B, Qwen2.5 32B) are not in the catalog; their rows also run
-tensor or expert parallel."""
+"""Published model name (before its parenthesis) -> the shipped catalog's config. Llama 3 70B is built from
+Llama 3.1 70B's config: the same layers and shapes (3.1 changes RoPE's scaling and the context length, not
+the step's cost at 4,096 tokens). The others (GPT-OSS 20B, Qwen3 MoE 30B, Nemotron Nano MoE) are not in the
+catalog; their rows also run expert parallel."""
 
 EXAMPLES = {"ViT-B/16": "vit_b16"}
 """Published model name -> built-in example."""
@@ -177,14 +183,20 @@ def seq_len_of(row: dict[str, str]) -> int | None:
     return int(match.group(1)) if match else None
 
 
-MODEL_PARALLEL = (("TP", "tensor parallelism (TP > 1)"), ("PP", "pipeline parallelism (PP > 1)"),
-                  ("CP", "context parallelism (CP > 1)"), ("EP", "expert parallelism (EP > 1)"))
-"""Degrees the tool does not model, with the reason a row that uses one is skipped for."""
+MODEL_PARALLEL = (("PP", "pipeline parallelism (PP > 1)"), ("CP", "context parallelism (CP > 1)"),
+                  ("EP", "expert parallelism (EP > 1)"))
+"""Degrees the tool does not model, with the reason a row that uses one is skipped for (tensor parallelism
+it models: --tp)."""
+
+
+def tensor_degree(row: dict[str, str]) -> int:
+    """The row's tensor-parallel degree (TP in the notes; 1 when absent)."""
+    return note_int(row["notes"], "TP") or 1
 
 
 def unsupported_layout(row: dict[str, str]) -> str | None:
-    """Why the row's layout is not data parallel (the first of TP, PP, CP, EP above 1; or a TP x PP x DP x CP
-    that is not its GPU count); None where it is."""
+    """Why the row's layout is not data and tensor parallel (the first of PP, CP, EP above 1; or a TP x PP x
+    DP x CP that is not its GPU count); None where it is."""
     notes, gpus = row["notes"], int(row["num_gpus"])
     for key, reason in MODEL_PARALLEL:
         if (note_int(notes, key) or 1) > 1:
@@ -258,9 +270,10 @@ def megatron(row: dict[str, str], lora: tuple[int, tuple[str, ...]] | None, micr
     strategy = "fsdp" if (note_int(notes, "FSDP") or 0) > 0 else "zero1"
     method = method_of(row)
     rank, targets = lora if method == "lora" and lora else (None, ())
-    return PlanRun(str(model_of(row)), precision, "adamw", global_batch // gpus, micro, seq_len_of(row), False,
+    tp = tensor_degree(row)
+    return PlanRun(str(model_of(row)), precision, "adamw", global_batch * tp // gpus, micro, seq_len_of(row), False,
                    rank, targets, gpus=gpus, strategy=strategy, assumption="; ".join(filter(None, (assumption, MEGATRON_FUSION))),
-                   compiled=True)
+                   compiled=True, tp=tp)
 
 
 NEMO1_LORA = (32, ("q_proj", "k_proj", "v_proj"))
@@ -299,8 +312,9 @@ def automodel(row: dict[str, str]) -> PlanRun | str:
     lora = method_of(row) == "lora"
     loaded = re.search(r"loads (meta-llama/[\w.-]+)", notes)  # "Llama 3 8B" whose config loads Llama-3.1-8B
     model = f"hf:{loaded.group(1)}" if loaded else str(model_of(row))
-    return PlanRun(model, precision, "adamw", global_batch // gpus, micro, seq_len_of(row), False,
-                   16 if lora else None, (ALL_LINEAR,) if lora else (), gpus=gpus, strategy="fsdp")
+    tp = tensor_degree(row)  # FSDP2 between tensor-parallel groups (DTensor's TP): GBS / (GPUs / TP) each
+    return PlanRun(model, precision, "adamw", global_batch * tp // gpus, micro, seq_len_of(row), False,
+                   16 if lora else None, (ALL_LINEAR,) if lora else (), gpus=gpus, strategy="fsdp", tp=tp)
 
 
 def dgx_cloud(row: dict[str, str]) -> PlanRun | str:

@@ -67,7 +67,7 @@ def test_a_lora_row_is_built_as_its_source_ran_it() -> None:
 
 def test_model_parallel_layouts_are_skipped_with_their_reason() -> None:
     megatron = dict(source_id="NV_NEMO_PERF_2407", num_gpus="8", precision="BF16", model="Llama 2 7B (SFT)")
-    assert run_of(row(**megatron, notes="GBS=32; MBS=1; TP=2 PP=4")) == "tensor parallelism (TP > 1)"
+    assert run_of(row(**megatron, notes="GBS=32; MBS=1; TP=2 PP=4")) == "pipeline parallelism (PP > 1)"
     assert run_of(row(**megatron, notes="GBS=32; MBS=1; TP=1 PP=1 CP=2")) == "context parallelism (CP > 1)"
     # 1 x 1 x 2 x 1 = 2 GPUs of layout for a row on 8 GPUs
     assert run_of(row(**megatron, notes="TP=1 PP=1 DP=2 CP=1")).startswith("layout inconsistent")
@@ -76,6 +76,9 @@ def test_model_parallel_layouts_are_skipped_with_their_reason() -> None:
     assert isinstance(run, PlanRun)
     assert (run.batch, run.micro_batch, run.accumulation, run.gpus, run.strategy, run.precision) == \
         (4, 1, 4, 8, "zero1", "amp-bf16")
+    # tensor parallel in groups of 2: 8 / 2 = 4 data-parallel groups take 32 / 4 = 8 sequences each
+    run = run_of(row(**megatron, notes="GBS=32; MBS=1; TP=2 PP=1"))
+    assert isinstance(run, PlanRun) and (run.batch, run.tp, run.request("h100-sxm").tp) == (8, 2, 2)
 
 
 def test_fp8_rows_wait_for_the_precision(monkeypatch: pytest.MonkeyPatch) -> None:
