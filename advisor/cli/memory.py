@@ -93,9 +93,14 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
     ]
     if plan.sharded:
         count = plan.sharded[0].num_gpus
-        lines += ["", f"Each GPU of {count} running the job (batch {settings.batch_size} per GPU): ddp replicates "
+        tensor = any(s.strategy.endswith("tp") for s in plan.sharded)
+        holder = "tensor-parallel group" if tensor else "GPU"
+        split = ("; tp: each layer split over a tensor-parallel group (weights, their state and the activations "
+                 "inside attention and MLP)" if tensor else "")
+        lines += ["", f"Each GPU of {count} running the job (batch {settings.batch_size} per {holder}): ddp replicates "
                       "everything; zero1 shards the optimizer state, zero2 also the gradients, fsdp also the weights "
-                      "(hsdp: fsdp within a node); NCCL's buffers are in the overhead", "", _sharded_table(plan, db)]
+                      f"(hsdp: fsdp within a node){split}; NCCL's buffers are in the overhead", "",
+                  _sharded_table(plan, db)]
         lines += [f"{gpu_id}: {why}" for gpu_id, why in plan.unsharded]
     if plan.trace is not None:
         lines.extend(trace_notes(plan.trace))
