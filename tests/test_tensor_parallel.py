@@ -174,6 +174,8 @@ def test_the_command_line_plans_tensor_parallelism(capsys) -> None:
     code, out, _ = run(capsys, *args, "--parallel", "ddp")
     ddp = json.loads(out)["results"][0]
     assert tp["peak_memory_bytes"] < ddp["peak_memory_bytes"] / 4  # weights, state and activations split by 8
+    code, out, _ = run(capsys, *args, "--tp", "8")  # one group of all 8: no strategy between groups to choose
+    assert [a["strategy"] for a in json.loads(out)["results"][0]["parallel"]["alternatives"]] == ["tp"]
     code, out, _ = run(capsys, *args, "--parallel", "fsdp", "--tp", "2")
     parallel = json.loads(out)["results"][0]["parallel"]
     assert (parallel["strategy"], parallel["dp"], parallel["tp"]) == ("fsdp+tp", 4, 2)

@@ -426,7 +426,8 @@ def sharded_memory(layouts: LayoutMemory, db: HardwareDB, gpus: Sequence[GPUSpec
             skipped.append((gpu.id, degree if isinstance(degree, str) else str(machines)))
             continue
         nccl = communicator_bytes(db, machines)
-        for strategy in strategies_for(parallel, machines.nodes):
+        one_group = degree == num_gpus  # no data parallelism between groups: every strategy is the same
+        for strategy in ("ddp",) if one_group else strategies_for(parallel, machines.nodes):
             layout = Layout(strategy, num_gpus, machines.gpus_per_node, degree)
             memory = device_memory(layouts.step(layout), gpu, db.memory_overhead(gpu), layouts.batch_model(layout),
                                    cuda_context_bytes, nccl)

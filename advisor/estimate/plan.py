@@ -512,8 +512,8 @@ def estimate_on_gpus(trace: StepTrace, settings: EstimateSettings, target: Estim
     tp = tensor_degree(settings.parallel, settings.tp, machines)
     if isinstance(tp, str):
         return tp
-    return estimate_parallel(trace, settings, target, db, machines, layouts,
-                             strategies_for(settings.parallel, machines.nodes), lowered, pipeline, tp)
+    strategies = ("ddp",) if tp == machines.gpus else strategies_for(settings.parallel, machines.nodes)
+    return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline, tp)
 
 
 def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
