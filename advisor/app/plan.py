@@ -59,11 +59,6 @@ def wants_fp8(request: PlanRequest) -> bool:
     return request.precision is not None and precision_of(request.precision).float8
 
 
-def wants_tensor_parallel(request: PlanRequest) -> bool:
-    """Whether the request splits layers over GPUs (--parallel tp, or --tp above 1)."""
-    return request.parallel == "tp" or (request.tp or 1) > 1
-
-
 def has_fp8(gpu: GPUSpec) -> bool:
     """Whether the GPU has fp8 tensor cores (a dense fp8 figure in the hardware database)."""
     return gpu.peaks.fp8_tensor is not None
@@ -148,8 +143,7 @@ def plan_memory_only(request: PlanRequest, db: HardwareDB, progress: Progress = 
         return memory
     assert memory.trace is not None
     layouts = LayoutMemory(memory.trace, memory.second)
-    if wants_tensor_parallel(request) and isinstance(layouts.plan, str):
-        raise UserError(f"tensor parallelism cannot split {request.model or 'the model'}: {layouts.plan}")
+    layouts.check_splittable(request.parallel, request.tp, model.source)
     sharded, skipped = sharded_memory(layouts, db, gpus, request.num_gpus or 1, request.parallel,
                                       settings.cuda_context_bytes, request.tp)
     if not sharded:

@@ -184,8 +184,7 @@ def _header(estimate: Estimate) -> list[str]:
     if settings.seq_len is not None:
         batch += f" x {settings.seq_len:,} tokens"
     gpus = settings.num_gpus or 1
-    tensor = settings.tp is not None and settings.tp > 1 or settings.parallel == "tp"
-    if gpus > 1 and tensor:
+    if gpus > 1 and settings.tensor_parallel:
         degree = f" of {settings.tp}" if settings.tp else ""
         batch += f" per tensor-parallel group{degree} on {gpus} GPUs ({settings.parallel})"
     elif gpus > 1:

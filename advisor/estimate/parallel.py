@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from collections.abc import Sequence
 from typing import Any
 
+from advisor.errors import UserError
 from advisor.estimate.costs import instances_for
 from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
@@ -187,14 +188,22 @@ def communicator_bytes(db: HardwareDB, machines: Machines) -> int:
     return sum(fallback if link.communicator_bytes is None else link.communicator_bytes for link in links)
 
 
-def strategies_for(parallel: str, nodes: int) -> tuple[str, ...]:
-    """The strategies --parallel `parallel` lets a job over `nodes` machines run: all of them for "auto"
-    (hsdp only across nodes), else the one asked for."""
+def strategies_for(parallel: str, nodes: int, dp: int) -> tuple[str, ...]:
+    """The strategies --parallel `parallel` lets a job over `nodes` machines with `dp` data-parallel ranks
+    (tensor-parallel groups) run: all of them for "auto" (hsdp only across nodes), else the one asked for;
+    ddp alone for one rank (nothing to shard between ranks: every strategy is the same)."""
+    if dp == 1:
+        return ("ddp",)
     if parallel == "auto":
         return NODE_STRATEGIES + (("hsdp",) if nodes > 1 else ())
     if parallel == "tp":  # Megatron's: DDP between the tensor-parallel groups
         return ("ddp",)
     return (parallel,)
+
+
+def asks_tensor_parallelism(parallel: str, tp: int | None) -> bool:
+    """Whether --parallel `parallel` and --tp `tp` split layers over GPUs."""
+    return parallel == "tp" or (tp or 1) > 1
 
 
 def tensor_degree(parallel: str, tp: int | None, machines: Machines) -> int | str:
@@ -229,10 +238,17 @@ class LayoutMemory:
             self._plan = tensor_plan(self.trace)
         return self._plan
 
-    def tensor_plan(self) -> TensorPlan:
+    def split_plan(self) -> TensorPlan:
+        """The tensor-parallel plan, where check_splittable let tensor parallelism through."""
         plan = self.plan
         assert isinstance(plan, TensorPlan), plan
         return plan
+
+    def check_splittable(self, parallel: str, tp: int | None, source: str) -> None:
+        """A UserError where --parallel/--tp ask for tensor parallelism and the model (named `source`) has no
+        layers it splits."""
+        if asks_tensor_parallelism(parallel, tp) and isinstance(self.plan, str):
+            raise UserError(f"tensor parallelism cannot split {source}: {self.plan}")
 
     def tensor_trace(self, tp: int, second: bool = False) -> StepTrace:
         """One rank's step in a tensor-parallel group of `tp` (the traced step itself for 1); `second`: at
@@ -243,18 +259,18 @@ class LayoutMemory:
             return base
         key = (tp, second)
         if key not in self._tensor:
-            self._tensor[key] = tensor_rank_trace(base, self.tensor_plan(), tp)
+            self._tensor[key] = tensor_rank_trace(base, self.split_plan(), tp)
         return self._tensor[key]
 
     def sharding_for(self, tp: int, second: bool = False) -> Sharding:
         """What the data-parallel strategies see of one rank of a tensor-parallel group of `tp`."""
         base = self._second_sharding if second else self.sharding
         assert base is not None
-        return base if tp == 1 else base.tensor_parallel(self.tensor_plan().kept_share(tp))
+        return base if tp == 1 else base.tensor_parallel(self.split_plan().kept_share(tp))
 
     def tensor_collectives(self, tp: int, micro_batches: int) -> list[Collective]:
         """Each rank's all-reduces in its tensor-parallel group of `tp` (none for 1)."""
-        return [] if tp == 1 else tensor_collectives(self.trace, self.tensor_plan(), tp, micro_batches)
+        return [] if tp == 1 else tensor_collectives(self.trace, self.split_plan(), tp, micro_batches)
 
     @staticmethod
     def _key(layout: Layout) -> tuple[str, int, int, int]:
@@ -421,13 +437,15 @@ def sharded_memory(layouts: LayoutMemory, db: HardwareDB, gpus: Sequence[GPUSpec
     skipped: list[tuple[str, str]] = []
     for gpu in gpus:
         machines = machines_for(db, gpu, num_gpus)
-        degree = machines if isinstance(machines, str) else tensor_degree(parallel, tp, machines)
-        if isinstance(machines, str) or isinstance(degree, str):
-            skipped.append((gpu.id, degree if isinstance(degree, str) else str(machines)))
+        if isinstance(machines, str):
+            skipped.append((gpu.id, machines))
+            continue
+        degree = tensor_degree(parallel, tp, machines)
+        if isinstance(degree, str):
+            skipped.append((gpu.id, degree))
             continue
         nccl = communicator_bytes(db, machines)
-        one_group = degree == num_gpus  # no data parallelism between groups: every strategy is the same
-        for strategy in ("ddp",) if one_group else strategies_for(parallel, machines.nodes):
+        for strategy in strategies_for(parallel, machines.nodes, num_gpus // degree):
             layout = Layout(strategy, num_gpus, machines.gpus_per_node, degree)
             memory = device_memory(layouts.step(layout), gpu, db.memory_overhead(gpu), layouts.batch_model(layout),
                                    cuda_context_bytes, nccl)

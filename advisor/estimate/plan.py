@@ -30,6 +30,7 @@ from advisor.estimate.parallel import (
     scale_out_counts,
     sharded_step,
     step_collectives,
+    asks_tensor_parallelism,
     strategies_for,
     tensor_degree,
 )
@@ -256,6 +257,11 @@ class EstimateSettings:
     """The step as torch.compile runs it: pointwise ops fused between library kernels (fusion.py)."""
     tp: int | None = None
     """Tensor-parallel degree (--tp; None: every GPU of a machine under --parallel tp, else 1)."""
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether --parallel/--tp split layers over GPUs."""
+        return asks_tensor_parallelism(self.parallel, self.tp)
 
     def to_dict(self) -> dict[str, Any]:
         job = self.job
@@ -512,8 +518,9 @@ def estimate_on_gpus(trace: StepTrace, settings: EstimateSettings, target: Estim
     tp = tensor_degree(settings.parallel, settings.tp, machines)
     if isinstance(tp, str):
         return tp
-    strategies = ("ddp",) if tp == machines.gpus else strategies_for(settings.parallel, machines.nodes)
-    return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline, tp)
+    return estimate_parallel(trace, settings, target, db, machines, layouts,
+                             strategies_for(settings.parallel, machines.nodes, machines.gpus // tp), lowered,
+                             pipeline, tp)
 
 
 def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
@@ -528,7 +535,7 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
         machines = machines_for(db, gpu, count)
         if isinstance(machines, str):
             continue
-        strategies = strategies_for(settings.parallel, machines.nodes)
+        strategies = strategies_for(settings.parallel, machines.nodes, count)
         lean = "fsdp" if "fsdp" in strategies else strategies[-1]
         memory = device_memory(layouts.step(Layout(lean, count, machines.gpus_per_node)), target,
                                target.memory_overhead, None, settings.memory.cuda_context_bytes,
@@ -633,8 +640,7 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     layouts = LayoutMemory(trace, second)
     skipped: list[tuple[str, str]] = []
     gpus = settings.num_gpus
-    if (settings.parallel == "tp" or (settings.tp or 1) > 1) and isinstance(layouts.plan, str):
-        raise UserError(f"tensor parallelism cannot split {model.source}: {layouts.plan}")
+    layouts.check_splittable(settings.parallel, settings.tp, model.source)
     for target in targets:
         if target.device.kind != "gpu":
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)

@@ -85,6 +85,19 @@ def _within(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + ".")
 
 
+def _lies_in(path: str, modules: frozenset[str]) -> bool:
+    """Whether `path` is one of `modules` or inside one: its ancestors looked up, not every module tried (a
+    70B model has 160 regions and its step 100,000 ops).
+
+    # "layers.0.mlp.act" lies in {"layers.0.mlp"}; "layers.0.mlp2" does not
+    """
+    while path:
+        if path in modules:
+            return True
+        path = path.rpartition(".")[0]
+    return False
+
+
 @dataclass(frozen=True)
 class TensorPlan:
     """Which modules of a traced step tensor parallelism splits (see the module)."""
@@ -100,7 +113,8 @@ class TensorPlan:
     split_params: int
     """Parameters the split layers hold (every rank keeps 1/K of them)."""
     total_params: int
-    checkpointed: tuple[str, ...] = ()
+    checkpointed: frozenset[str] = frozenset()
+    """Blocks run under activation checkpointing (their rowwise layers' forwards run again)."""
 
     @property
     def param_share(self) -> float:
@@ -126,7 +140,7 @@ class TensorPlan:
                 return "loss"
         if self.embedding is not None and _within(module, self.embedding):
             return "embedding"
-        if any(_within(module, region) for region in self.regions):
+        if _lies_in(module, self.regions):
             return "region"
         return None
 
@@ -153,15 +167,14 @@ class TensorPlan:
 
 def tensor_plan(trace: StepTrace) -> TensorPlan | str:
     """The tensor-parallel plan of `trace`'s model, or a sentence saying why it has none."""
-    units = fsdp_units(trace.params_by_module)
-    blocks = units.blocks
+    blocks = frozenset(fsdp_units(trace.params_by_module).blocks)
     forward = [r for r in trace.records if r.phase == "forward"]
     layers = {r.module for r in forward if r.op in MATMULS and r.gemm is not None}
     colwise: set[str] = set()
     rowwise: set[str] = set()
     for module in layers:
         found = linear_kind(module)
-        if found is None or not any(_within(found[1], block) for block in blocks):
+        if found is None or not _lies_in(found[1], blocks):
             continue
         (colwise if found[0] == "colwise" else rowwise).add(found[1])
     if not colwise or not rowwise:
@@ -178,7 +191,7 @@ def tensor_plan(trace: StepTrace) -> TensorPlan | str:
         embedding = head = None
     total = params.get("", 0) or trace.total_params or trace.params
     return TensorPlan(frozenset(colwise), frozenset(rowwise), regions, embedding, head, split, total,
-                      tuple(trace.checkpointed))
+                      frozenset(trace.checkpointed))
 
 
 def _embedding(forward: Sequence[OpRecord], params: Mapping[str, int]) -> tuple[str | None, int]:
@@ -190,13 +203,13 @@ def _embedding(forward: Sequence[OpRecord], params: Mapping[str, int]) -> tuple[
     return best, params.get(best, 0)
 
 
-def _head(forward: Sequence[OpRecord], vocab_params: int, blocks: Sequence[str]) -> str | None:
+def _head(forward: Sequence[OpRecord], vocab_params: int, blocks: frozenset[str]) -> str | None:
     """The output head: a product outside the blocks whose weight is the embedding's shape (vocabulary x
     hidden), tied or not."""
     if not vocab_params:
         return None
     for record in forward:
-        if record.op in MATMULS and record.gemm is not None and not any(_within(record.module, b) for b in blocks):
+        if record.op in MATMULS and record.gemm is not None and not _lies_in(record.module, blocks):
             _, _, n, k = record.gemm
             if n * k == vocab_params:
                 return record.module
@@ -225,7 +238,7 @@ def _scaled(record: OpRecord, share: float, tp: int) -> OpRecord:
         return int(round(n * share))
     return replace(record, flops=record.flops * share, bytes_read=scale(record.bytes_read),
                    bytes_written=scale(record.bytes_written),
-                   gemm=_split_gemm(record.gemm, tp) if share < 1 and record.gemm is not None else record.gemm,
+                   gemm=_split_gemm(record.gemm, tp) if share < 1 else record.gemm,
                    allocated=tuple(scale(n) for n in record.allocated),
                    reads=tuple((source, scale(size), offset) for source, size, offset in record.reads),
                    writes=tuple((last, scale(size)) for last, size in record.writes))
@@ -284,7 +297,7 @@ def tensor_collectives(trace: StepTrace, plan: TensorPlan, tp: int, micro_batche
     for record in _calls(trace.records):
         where = plan.where(record.module)
         if where == "rowwise" and record.op in MATMULS:
-            recompute = any(_within(record.module, block) for block in plan.checkpointed)
+            recompute = _lies_in(record.module, plan.checkpointed)
             _count(sizes, ("forward", record.bytes_written), 2 if recompute else 1)
         elif where == "colwise" and record.op in MATMULS and record.gemm is not None:
             _, _, features, hidden = record.gemm  # its input: tokens x hidden, in its output's dtype
