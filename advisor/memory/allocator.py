@@ -60,10 +60,13 @@ class AllocatorPeaks:
 
 
 class CachingAllocator:
-    """The caching allocator's bookkeeping, without memory."""
+    """The caching allocator's bookkeeping, without memory. (The multi-GPU planner replays a step once per
+    layout it sizes, tens of thousands of calls each: the pools are two attributes, not a dict, and the
+    hot paths bind what they use to locals.)"""
 
     def __init__(self) -> None:
-        self._pools: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, address)
+        self._small_pool: list[tuple[int, int]] = []  # free blocks of the small pool, sorted (size, address)
+        self._large_pool: list[tuple[int, int]] = []
         self._blocks: dict[int, _Block] = {}  # free blocks by address
         self._next_address = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = self.segments = 0
@@ -72,20 +75,28 @@ class CachingAllocator:
         """Allocate `nbytes`; None for an empty request (CUDA returns no block for it)."""
         if nbytes == 0:
             return None
-        size = round_request(nbytes)
+        size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK  # round_request
         small = size <= SMALL_REQUEST
-        block = self._take_best_fit(size, small) or self._new_segment(size, small)
+        pool = self._small_pool if small else self._large_pool
+        position = bisect.bisect_left(pool, (size, -1))
+        if position < len(pool):  # the best fit: the smallest free block that holds it, the lowest address
+            block = self._blocks.pop(pool.pop(position)[1])
+        else:
+            block = self._new_segment(size, small)
         remaining = block.size - size
         if remaining >= MIN_BLOCK if small else remaining > SMALL_REQUEST:
             rest = _Block(remaining, block.address + size, small)
-            rest.previous, rest.next = block, block.next
-            if block.next is not None:
-                block.next.previous = rest
+            following = block.next
+            rest.previous, rest.next = block, following
+            if following is not None:
+                following.previous = rest
             block.next, block.size = rest, size
-            self._put_free(rest)
+            bisect.insort(pool, (remaining, rest.address))
+            self._blocks[rest.address] = rest
         block.free = False
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
     def free(self, block: _Block | None) -> None:
@@ -94,22 +105,17 @@ class CachingAllocator:
         assert not block.free, "block freed twice"
         self.allocated -= block.size
         block.free = True
-        for neighbour in (block.previous, block.next):
-            if neighbour is not None and neighbour.free:
-                self._remove_free(neighbour)
-                block = self._merge(block, neighbour)
+        previous, following = block.previous, block.next
+        if previous is not None and previous.free:
+            self._remove_free(previous)
+            block = self._merge(previous, block)
+        if following is not None and following.free:
+            self._remove_free(following)
+            block = self._merge(block, following)
         self._put_free(block)
 
     def peaks(self) -> AllocatorPeaks:
         return AllocatorPeaks(self.peak_allocated, self.peak_reserved, self.segments)
-
-    def _take_best_fit(self, size: int, small: bool) -> _Block | None:
-        pool = self._pools[small]
-        position = bisect.bisect_left(pool, (size, -1))
-        if position == len(pool):
-            return None
-        _, address = pool.pop(position)
-        return self._blocks.pop(address)
 
     def _new_segment(self, size: int, small: bool) -> _Block:
         nbytes = segment_size(size)
@@ -121,17 +127,17 @@ class CachingAllocator:
         return block
 
     def _put_free(self, block: _Block) -> None:
-        bisect.insort(self._pools[block.small], (block.size, block.address))
+        bisect.insort(self._small_pool if block.small else self._large_pool, (block.size, block.address))
         self._blocks[block.address] = block
 
     def _remove_free(self, block: _Block) -> None:
-        pool = self._pools[block.small]
+        pool = self._small_pool if block.small else self._large_pool
         del pool[bisect.bisect_left(pool, (block.size, block.address))]
         del self._blocks[block.address]
 
     @staticmethod
-    def _merge(block: _Block, neighbour: _Block) -> _Block:
-        first, second = (block, neighbour) if block.address < neighbour.address else (neighbour, block)
+    def _merge(first: _Block, second: _Block) -> _Block:
+        """`second`, the block right after `first` in its segment, merged into `first`."""
         first.size += second.size
         first.next = second.next
         if second.next is not None:

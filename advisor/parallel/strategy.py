@@ -235,12 +235,13 @@ def collectives(layout: Layout, units: Units, weight_bytes: float, gradient_byte
 
 def _merged(found: Sequence[Collective]) -> list[Collective]:
     """Collectives of the same kind, size, phase and link counted together."""
-    merged: dict[tuple, Collective] = {}
+    first: dict[tuple, Collective] = {}
+    counts: dict[tuple, int] = {}
     for c in found:
         key = (c.kind, round(c.message_bytes), c.phase, c.ranks, c.scope, c.hidden_behind)
-        old = merged.get(key)
-        merged[key] = c if old is None else replace(old, count=old.count + c.count)
-    return list(merged.values())
+        first.setdefault(key, c)
+        counts[key] = counts.get(key, 0) + c.count
+    return [c if c.count == counts[key] else replace(c, count=counts[key]) for key, c in first.items()]
 
 
 def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
@@ -256,8 +257,8 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
     strategy, shards = layout.strategy, layout.shards
     sharded = SHARDED[strategy]
     no_copies = mixed_precision and strategy in FULLY_SHARDED
-    storages = [replace(s, nbytes=0) if no_copies and s.category == "weight_copies"
-                else replace(s, nbytes=math.ceil(s.nbytes / shards)) if s.category in sharded else s
+    storages = [_resized(s, 0) if no_copies and s.category == "weight_copies"
+                else _resized(s, math.ceil(s.nbytes / shards)) if s.category in sharded else s
                 for s in memory.storages]
     gradient_bytes = memory.total("gradients")
     gathered = memory.held_at_start("weights") if parameter_bytes is None else parameter_bytes
@@ -283,6 +284,12 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
             unsharded_grads = gradient_bytes * (root + 2 * block)
         extra.append(StorageLife(round(unsharded_grads), backward, optimizer, "gradients", "(unsharded gradients)"))
     return with_storages(memory, storages, extra)
+
+
+def _resized(life: StorageLife, nbytes: int) -> StorageLife:
+    """`life` with `nbytes` bytes (dataclasses.replace, without its per-call field inspection: a layout
+    resizes every storage of the step)."""
+    return StorageLife(nbytes, life.allocated_at, life.freed_at, life.category, life.op, life.module)
 
 
 def with_storages(memory: LiveMemory, storages: Sequence[StorageLife], extra: Sequence[StorageLife]) -> LiveMemory:

@@ -15,6 +15,8 @@ Autocast's low-precision copies of weights are `weight_copies`.
 
 from __future__ import annotations
 
+import bisect
+
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -123,8 +125,30 @@ class LiveMemory:
         return MemoryPeak(best[0], best[2], self.phase_of(best[2]), self._breakdown(sizes, best[1]))
 
     def phase_peaks(self, block: int = 1) -> dict[str, MemoryPeak]:
-        """The peak of each phase, phase -> MemoryPeak."""
-        return {phase: self.peak(block, phase) for phase in self.phase_starts}
+        """The peak of each phase, phase -> MemoryPeak: what peak(block, phase) finds for each, in one pass
+        over the events (the multi-GPU planner asks it of every layout it sizes)."""
+        sizes = self.sizes(block)
+        phases = list(self.phase_starts)
+        starts = [self.phase_starts[phase] for phase in phases]
+        if starts != sorted(starts):
+            return {phase: self.peak(block, phase) for phase in phases}
+        best = [(-1, 0, BEFORE_STEP)] * len(phases)  # per phase: (bytes, event position, tick)
+        live = 0
+        for position, (event, tick) in enumerate(zip(self.events, self.event_ticks)):
+            if event < 0:
+                live -= sizes[~event]
+                continue
+            live += sizes[event]
+            phase = max(bisect.bisect_right(starts, tick) - 1, 0)  # as phase_at: before the first start, the first
+            if live > best[phase][0]:
+                best[phase] = (live, position, tick)
+        peaks = {}
+        for phase, (found, position, tick) in zip(phases, best):
+            if found < 0:  # the phase allocated nothing: its peak is what it started with
+                peaks[phase] = self._peak_at_tick(sizes, self.phase_starts[phase])
+            else:
+                peaks[phase] = MemoryPeak(found, tick, self.phase_of(tick), self._breakdown(sizes, position))
+        return peaks
 
     def _peak_at_tick(self, sizes: list[int], tick: int) -> MemoryPeak:
         position = max((i for i, t in enumerate(self.event_ticks) if t < tick), default=-1)

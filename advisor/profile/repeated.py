@@ -636,8 +636,8 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
             allocated_at[event] = tick
         else:
             freed_at[~event] = tick
-    lives = tuple(replace(life, allocated_at=allocated_at[i], freed_at=freed_at.get(i))
-                  for i, life in enumerate(new_storages))
+    lives = tuple(StorageLife(life.nbytes, allocated_at[i], freed_at.get(i), life.category, life.op, life.module)
+                  for i, life in enumerate(new_storages))  # not dataclasses.replace: 4x slower, per storage
     phase_starts = {phase: ticks.outside(start) for phase, start in memory.phase_starts.items()}
     return LiveMemory(lives, tuple(new_events), tuple(new_ticks), phase_starts, memory.ticks + ticks.added)
 
