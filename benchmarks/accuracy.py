@@ -559,6 +559,67 @@ def multi_gpu_rows(published: Published) -> tuple[list[Row], list[Row], list[str
     return throughput, efficiency, skipped_lines(skipped)
 
 
+# ----------------------------------------------------------------------------- 2d. Lambda v0 BERT, steady rates
+
+
+LAMBDA_STEADY = REPO / "benchmarks" / "data" / "lambda_v0_bert_steady.csv"
+"""Steady-state rates of Lambda v0's BERT runs, read from the runs' own logs (benchmarks/lambda_v0_logs.py)."""
+
+
+@functools.cache
+def lambda_steady() -> dict[tuple[str, str, str, int, int], float]:
+    """(Lambda's system name, bert_base|bert_large, FP32|FP16, GPUs, batch per GPU) -> sequences/s."""
+    with LAMBDA_STEADY.open(newline="") as handle:
+        lines = [line for line in handle if not line.startswith("#")]
+    return {(r["system"], r["model"], r["precision"], int(r["num_gpus"]), int(r["batch_size_per_gpu"])):
+            float(r["steady_sequences_per_s"]) for r in csv.DictReader(lines)}
+
+
+def steady_of(row: dict[str, str]) -> float | None:
+    """The steady rate the logs of a LAMBDA_V0 BERT row's run show, or None for any other row."""
+    if row["source_id"] != "LAMBDA_V0" or not row["model"].startswith("BERT") or not row["batch_size_per_gpu"]:
+        return None
+    system = row["notes"].split('Lambda system name="', 1)[-1].split('"', 1)[0]
+    model = "bert_base" if row["model"].startswith("BERT-base") else "bert_large"
+    precision = "FP16" if row["precision"].startswith("FP16") else "FP32"
+    return lambda_steady().get((system, model, precision, int(row["num_gpus"]), int(row["batch_size_per_gpu"])))
+
+
+def steady_rows(published: Published) -> tuple[list[Row], list[Row]]:
+    """Lambda v0's BERT rows (one GPU; 2, 4 and 8 GPUs) twice: (against the published figure, against the
+    steady rate of the same run's log). The prediction is the one sections 2 and 2b print."""
+    as_published, as_logged = [], []
+    for row in published.rows:
+        steady, gpus = steady_of(row), int(row["num_gpus"])
+        if steady is None or gpus not in (1, 2, 4, 8):
+            continue
+        predicted = published.predict(row)
+        if isinstance(predicted, str):
+            continue
+        step_s = predicted.step.step_s if gpus == 1 else data_parallel_s(published, predicted, gpus)[0]
+        ours, bare = gpus * predicted.throughput(step_s), gpus * predicted.throughput(predicted.bare_s)
+        label = predicted.label + (f" x{gpus}" if gpus > 1 else "")
+        device = "1 GPU" if gpus == 1 else f"{gpus} GPUs"
+        family = family_name(predicted.gpu.architecture)
+        as_published.append(Row(label, predicted.model, device, float(row["value"]), ours, bare, "sequences_per_s",
+                                family))
+        as_logged.append(Row(label, predicted.model, device, steady, ours, bare, "sequences_per_s", family))
+    return as_published, as_logged
+
+
+def steady_lines(published: Published) -> list[str]:
+    """Section 2d: Lambda v0's BERT rows against the published figures and against their logs' steady rates."""
+    as_published, as_logged = steady_rows(published)
+    return ["", "2d. Lambda v0 BERT rows against the steady rate in each run's own log (benchmarks/lambda_v0_logs.py)",
+            "The published figure is the progress bar's last reading or an average over 22-104 iterations with "
+            "warm-up; the tool predicts the steady rate.",
+            *table(as_logged), "",
+            *summary(as_published, "against the published figures"),
+            *summary(as_logged, "against the logs' steady rates"),
+            *grouped(as_logged, lambda r: r.device, "against the logs, by GPU count:"),
+            *grouped(as_logged, lambda r: r.family, "against the logs, by family:")]
+
+
 # ----------------------------------------------------------------------------- 2c. newer GPUs (issue #28)
 
 
@@ -818,6 +879,7 @@ def main() -> int:
                                                  "runs (one machine, DDP) against the prediction", "linear_scaling")
         summaries["scaling_efficiency"] = summary_figures(
             efficiency, "scaling efficiency (N-GPU throughput / N x 1-GPU throughput) of the same runs", "linear_scaling")
+        lines += steady_lines(published)
     if args.part in ("newer", "all"):
         published = published or Published()
         newer = predict_newer(published)

@@ -104,3 +104,25 @@ def test_a_second_plan_reuses_both_traced_steps(cache: Path, model_file: Path):
     again = plan(request, load_hwdb(), messages.append)
     assert any("traced at batches" in m and "trace cache" in m for m in messages)
     assert again.to_dict() == first.to_dict()
+
+
+def test_layouts_replayed_once_come_back_from_disk(cache: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch):
+    # each layout's per-rank memory (ddp, zero1, zero2, fsdp on 2 GPUs) is kept beside the two traces
+    request = PlanRequest(model=str(model_file), gpus=("h100-sxm",), num_gpus=2)
+    first = plan(request, load_hwdb())
+    stored = list(cache.glob(f"*{trace_cache.LAYOUTS_SUFFIX}"))
+    assert len(stored) == 1
+
+    import advisor.estimate.parallel as parallel
+
+    def no_replay(trace):
+        raise AssertionError("a layout stored before was re-played")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(parallel.StepMemory, "of_trace", staticmethod(no_replay))
+        again = plan(request, load_hwdb())
+    assert again.to_dict() == first.to_dict()
+
+    stored[0].write_bytes(b'{"format": "something else"}\n')  # a damaged file: deleted, re-played, rewritten
+    assert plan(request, load_hwdb()).to_dict() == first.to_dict()
+    assert trace_cache.load(stored[0].name.split(".")[0], trace_cache.LAYOUTS_SUFFIX, dict) is not None

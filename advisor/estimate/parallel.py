@@ -222,14 +222,23 @@ class LayoutMemory:
     batch line, at twice it): the rank's re-played live memory through the allocator, once per layout. Also
     the tensor-parallel plan of the step and each degree's rank trace (parallel/tensor.py)."""
 
-    def __init__(self, trace: StepTrace, second: StepTrace | None) -> None:
+    def __init__(self, trace: StepTrace, second: StepTrace | None, stored: dict[str, dict] | None = None) -> None:
+        """`stored`: what stored() gave for the same two traces before (the trace cache keeps it)."""
         self.trace, self.second = trace, second
         self.sharding = Sharding.of_trace(trace)
         self._second_sharding = None if second is None else Sharding.of_trace(second)
-        self._steps: dict[tuple[str, int, int, int], StepMemory] = {}
-        self._lines: dict[tuple[str, int, int, int], BatchMemoryModel] = {}
+        self._steps: dict[tuple[str, int, int, int], StepMemory] = dict((stored or {}).get("steps", {}))
+        self._lines: dict[tuple[str, int, int, int], BatchMemoryModel] = dict((stored or {}).get("lines", {}))
+        self._stored_count = len(self._steps) + len(self._lines)
         self._plan: TensorPlan | str | None = None
         self._tensor: dict[tuple[int, bool], StepTrace] = {}
+
+    def stored(self) -> dict[str, dict] | None:
+        """Each layout's memory re-played so far, for the trace cache; None when nothing was added to what
+        it was made with."""
+        if len(self._steps) + len(self._lines) == self._stored_count:
+            return None
+        return {"steps": dict(self._steps), "lines": dict(self._lines)}
 
     @property
     def plan(self) -> TensorPlan | str:

@@ -40,12 +40,13 @@ from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
 from advisor.units import GIB
 from advisor.memory.estimate import DeviceMemory, device_memory
-from advisor.memory.plan import MemorySettings, step_memory, trace_both_batches
+from advisor.memory.plan import MemorySettings, layouts_cache_key, step_memory, trace_both_batches
 from advisor.pipeline.hosts import physical_memory_bytes, this_machine_cpu, thread_speed
 from advisor.pipeline.links import host_link_rate
 from advisor.pipeline.supply import Feed, Host, InputSupply, PipelineProfile, input_supply, storage_share
 from advisor.process import collector_paused
 from advisor.estimate.ops import DTYPE_FALLBACK
+from advisor.profile import trace_cache
 from advisor.profile.choices import precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
@@ -626,7 +627,11 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     if trace is None or second is None:
         trace, second = trace_both_batches(model, memory_settings, trace, progress)
     assert second.batch_size == 2 * trace.batch_size == 2 * memory_settings.traced_batch
-    step, batch_model = step_memory(trace, second)
+    layouts_key = layouts_cache_key(model, memory_settings)  # the layouts re-played from these traces before
+    layouts = LayoutMemory(trace, second, trace_cache.load(layouts_key, trace_cache.LAYOUTS_SUFFIX, dict))
+    alone = Layout("ddp", 1, 1)  # one GPU: step_memory's replay of the two traces, kept with the layouts
+    step, batch_model = layouts.step(alone), layouts.batch_model(alone)
+    assert batch_model is not None
     cpu_trace, cpu_batch_model, cpu_step = trace, batch_model, step
     if trace.fused_attention_dropout and any(target.device.kind != "gpu" for target in targets):
         # a CPU runs attention with dropout on its math path (profile/attention.py): traced that way
@@ -637,7 +642,6 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     # A CPU has no caching allocator: its peak is the tensors' peak.
     cpu_step = replace(cpu_step, allocated=cpu_step.tensor_peak, reserved=cpu_step.tensor_peak)
     lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # once for every GPU
-    layouts = LayoutMemory(trace, second)
     skipped: list[tuple[str, str]] = []
     gpus = settings.num_gpus
     layouts.check_splittable(settings.parallel, settings.tp, model.source)
@@ -659,6 +663,7 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
         if gpus is None and spread and not memory.fits:
             result = replace(result, scale_out=smallest_fit(trace, settings, target, db, layouts, lowered, pipeline))
         results.append(result)
+    trace_cache.store(layouts_key, layouts.stored(), trace_cache.LAYOUTS_SUFFIX)  # None: nothing new
     if not results and skipped:
         raise UserError(f"no machine runs {gpus} of the GPUs asked for: " +
                         "; ".join(f"{gpu_id}: {why}" for gpu_id, why in skipped[:3]))

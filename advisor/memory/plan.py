@@ -170,6 +170,17 @@ def _cache_key(model: ModelFile, settings: MemorySettings, batch_size: int, atte
                                  adaptation=settings.adaptation)
 
 
+def layouts_cache_key(model: ModelFile, settings: MemorySettings, attention: str = "cuda") -> str | None:
+    """The trace cache's key of the layouts re-played from this step's trace pair (trace_both_batches):
+    both traces' settings and the source of the code that sizes layouts (None: not cached)."""
+    return trace_cache.trace_key(model.fingerprint, kind="layouts", batch_size=settings.traced_batch,
+                                 seq_len=model.seq_len, precision=settings.precision, optimizer=settings.optimizer,
+                                 checkpointing=settings.checkpointing,
+                                 accumulate_gradients=settings.accumulate_gradients, attention=attention,
+                                 adaptation=settings.adaptation,
+                                 sizing=trace_cache.source_fingerprint("memory", "parallel", "estimate"))
+
+
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
                        progress: Callable[[str], None] = lambda message: None,
                        parallel: bool = True, attention: str = "cuda") -> tuple[StepTrace, StepTrace]:

@@ -16,6 +16,10 @@ sane size, with this format, schema and key, whose payload has its length and ch
 StepTrace; anything else is deleted and the step traced again. Writes are atomic (advisor.atomic). At most
 MAX_ENTRIES traces and MAX_TOTAL_BYTES are kept, the least recently used dropped first.
 
+Beside a trace pair, `<key>.layouts` keeps what the multi-GPU planner re-played from it: each layout's
+per-rank memory (estimate.parallel.LayoutMemory), under a key that adds the source of the code that sizes
+layouts (advisor/memory, advisor/parallel, advisor/estimate), with the same checks.
+
 $GPU_ADVISOR_TRACE_CACHE=off turns the cache off (the test suite does, but for the tests of this module).
 """
 
@@ -41,6 +45,8 @@ from advisor.profile.trace import StepTrace
 FORMAT = "gpu-advisor-trace"
 SCHEMA = 1
 SUFFIX = ".trace"
+LAYOUTS_SUFFIX = ".layouts"
+"""Each layout's memory re-played from a cached trace pair (see the module docstring)."""
 MAX_FILE_BYTES = 512 * 2**20
 """A trace of the 70B model is about 2 MB; a file over this is not one of ours."""
 MAX_ENTRIES = 48
@@ -59,11 +65,19 @@ def cache_folder() -> Path:
 @lru_cache(maxsize=1)
 def tracer_fingerprint() -> str:
     """SHA-256 of the tracer's source (every .py file of advisor/profile) and the torch version."""
+    return source_fingerprint("profile")
+
+
+@lru_cache(maxsize=4)
+def source_fingerprint(*packages: str) -> str:
+    """SHA-256 of the torch and Python versions and every .py file of the advisor's `packages` ("profile")."""
     digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}".encode())
-    folder = Path(__file__).resolve().parent
-    for path in sorted(folder.rglob("*.py")):
-        digest.update(path.relative_to(folder).as_posix().encode())
-        digest.update(path.read_bytes())
+    root = Path(__file__).resolve().parent.parent
+    for package in packages:
+        folder = root / package
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
@@ -79,13 +93,14 @@ def trace_key(fingerprint: str, **settings: Any) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load(key: str | None) -> StepTrace | None:
-    """The trace stored under `key`, or None (nothing there, or a file that fails a check: then deleted)."""
+def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
+    """The trace (or, with `suffix` and `kind`, the other object of that type) stored under `key`, or None
+    (nothing there, or a file that fails a check: then deleted)."""
     if key is None:
         return None
-    path = cache_folder() / f"{key}{SUFFIX}"
+    path = cache_folder() / f"{key}{suffix}"
     try:
-        trace = _read(path, key)
+        trace = _read(path, key, kind)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
@@ -98,7 +113,7 @@ def load(key: str | None) -> StepTrace | None:
     return trace
 
 
-def _read(path: Path, key: str) -> StepTrace:
+def _read(path: Path, key: str, kind: type) -> Any:
     with open(path, "rb") as file:
         info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
@@ -113,8 +128,8 @@ def _read(path: Path, key: str) -> StepTrace:
     if len(payload) != header.get("bytes") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise ValueError("a torn or edited trace file")
     trace = pickle.loads(payload)  # noqa: S301 -- our own file: owner and checksum checked above
-    if not isinstance(trace, StepTrace):
-        raise ValueError("not a StepTrace")
+    if not isinstance(trace, kind):
+        raise ValueError(f"not a {kind.__name__}")
     return trace
 
 
@@ -126,10 +141,10 @@ def _discard(path: Path) -> None:
         pass
 
 
-def store(key: str | None, trace: StepTrace) -> bool:
-    """Keep `trace` under `key`; False when the cache is off or its folder cannot be written (the run goes
-    on without it: a cache is never a reason to fail)."""
-    if key is None:
+def store(key: str | None, trace: Any, suffix: str = SUFFIX) -> bool:
+    """Keep `trace` (or another picklable object, with its `suffix`) under `key`; False when the cache is off
+    or its folder cannot be written (the run goes on without it: a cache is never a reason to fail)."""
+    if key is None or trace is None:
         return False
     payload = pickle.dumps(trace, protocol=pickle.HIGHEST_PROTOCOL)
     header = json.dumps({"format": FORMAT, "schema": SCHEMA, "key": key, "bytes": len(payload),
@@ -137,7 +152,7 @@ def store(key: str | None, trace: StepTrace) -> bool:
     folder = cache_folder()
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_atomically(folder / f"{key}{SUFFIX}", header.encode() + b"\n" + payload)
+        write_atomically(folder / f"{key}{suffix}", header.encode() + b"\n" + payload)
         _evict(folder)
     except OSError:  # no room, read-only: the next run traces again
         return False
@@ -147,7 +162,7 @@ def store(key: str | None, trace: StepTrace) -> bool:
 def _evict(folder: Path) -> None:
     """Drop the least recently used traces beyond MAX_ENTRIES or MAX_TOTAL_BYTES."""
     entries = []
-    for path in folder.glob(f"*{SUFFIX}"):
+    for path in [*folder.glob(f"*{SUFFIX}"), *folder.glob(f"*{LAYOUTS_SUFFIX}")]:
         try:
             info = path.stat()
         except FileNotFoundError:  # another process evicted it meanwhile
