@@ -514,10 +514,15 @@ DGX rows (NV_DLE_*) are 8-GPU only, with no 1-GPU row of the same run to give a 
 
 
 def data_parallel_s(published: Published, p: Predicted, gpus: int) -> tuple[float, Communication]:
-    """One rank's step on `gpus` of p's GPU in one machine (the link estimate.parallel.own_machine gives
-    it), under DDP as DeepLearningExamples runs it: (seconds, its communication)."""
+    """One rank's step on `gpus` of p's GPU in one machine, under DDP as DeepLearningExamples runs it:
+    (seconds, its communication). Lambda v0's runner (pytorch/scripts/benchmark_pytorch.sh) exports
+    NCCL_P2P_DISABLE=1 before every model, so NCCL copies between GPUs through host memory: the link is
+    hwdb's pcie{gen}-host of the GPU's PCIe generation, not the NVLink or peer-to-peer link the machine has."""
     machines = own_machine(published.db, p.gpu, gpus)
     assert not isinstance(machines, str), machines
+    through_host = [i for i in published.db.interconnects if i.id == f"pcie{min(p.gpu.pcie_gen or 3, 5)}-host"]
+    if through_host:
+        machines = replace(machines, node_link=through_host[0])
     layout = Layout("ddp", gpus, gpus)
     comm = communication(step_collectives(layout, Sharding.of_trace(p.trace), 1), machines, p.step, 1)
     return sharded_step(p.step, layout, comm).step_s, comm
