@@ -56,6 +56,10 @@ from advisor.profile.trace import StepTrace
 Progress = Callable[[str], None]
 
 
+ONE_GPU = Layout("ddp", 1, 1)
+"""The job on one GPU, as LayoutMemory sizes it (its memory is the traced step's own)."""
+
+
 def job_sized(costs: Sequence[CloudCost], gpus: int = 1) -> list[CloudCost]:
     """The offers whose rented instances hold exactly the job's `gpus` (larger ones are listed, not rented)."""
     return [c for c in costs if c.gpus == gpus]
@@ -493,7 +497,7 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
     layout, _, comm, step = tried[best]
     memory = device_memory(layouts.step(layout), target, target.memory_overhead, layouts.batch_model(layout), context,
                            nccl)  # with the largest batch that fits
-    alone = device_memory(layouts.step(Layout("ddp", 1, 1)), target, target.memory_overhead, None, context)
+    alone = device_memory(layouts.step(ONE_GPU), target, target.memory_overhead, None, context)
     scaling = Scaling(layout, machines, comm, single.step_s,
                       choice_reason(settings.parallel, alternatives[best], alternatives), tuple(alternatives),
                       alone.fits)
@@ -629,8 +633,7 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     assert second.batch_size == 2 * trace.batch_size == 2 * memory_settings.traced_batch
     layouts_key = layouts_cache_key(model, memory_settings)  # the layouts re-played from these traces before
     layouts = LayoutMemory(trace, second, trace_cache.load(layouts_key, trace_cache.LAYOUTS_SUFFIX, dict))
-    alone = Layout("ddp", 1, 1)  # one GPU: step_memory's replay of the two traces, kept with the layouts
-    step, batch_model = layouts.step(alone), layouts.batch_model(alone)
+    step, batch_model = layouts.step(ONE_GPU), layouts.batch_model(ONE_GPU)  # kept with the layouts
     assert batch_model is not None
     cpu_trace, cpu_batch_model, cpu_step = trace, batch_model, step
     if trace.fused_attention_dropout and any(target.device.kind != "gpu" for target in targets):

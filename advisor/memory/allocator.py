@@ -61,8 +61,7 @@ class AllocatorPeaks:
 
 class CachingAllocator:
     """The caching allocator's bookkeeping, without memory. (The multi-GPU planner replays a step once per
-    layout it sizes, tens of thousands of calls each: the pools are two attributes, not a dict, and the
-    hot paths bind what they use to locals.)"""
+    layout it sizes, tens of thousands of calls each: the pools are two attributes, not a dict.)"""
 
     def __init__(self) -> None:
         self._small_pool: list[tuple[int, int]] = []  # free blocks of the small pool, sorted (size, address)
@@ -75,7 +74,7 @@ class CachingAllocator:
         """Allocate `nbytes`; None for an empty request (CUDA returns no block for it)."""
         if nbytes == 0:
             return None
-        size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK  # round_request
+        size = round_request(nbytes)
         small = size <= SMALL_REQUEST
         pool = self._small_pool if small else self._large_pool
         position = bisect.bisect_left(pool, (size, -1))
@@ -91,8 +90,7 @@ class CachingAllocator:
             if following is not None:
                 following.previous = rest
             block.next, block.size = rest, size
-            bisect.insort(pool, (remaining, rest.address))
-            self._blocks[rest.address] = rest
+            self._put_free(rest)
         block.free = False
         self.allocated += block.size
         if self.allocated > self.peak_allocated:

@@ -257,8 +257,8 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
     strategy, shards = layout.strategy, layout.shards
     sharded = SHARDED[strategy]
     no_copies = mixed_precision and strategy in FULLY_SHARDED
-    storages = [_resized(s, 0) if no_copies and s.category == "weight_copies"
-                else _resized(s, math.ceil(s.nbytes / shards)) if s.category in sharded else s
+    storages = [s.resized(0) if no_copies and s.category == "weight_copies"
+                else s.resized(math.ceil(s.nbytes / shards)) if s.category in sharded else s
                 for s in memory.storages]
     gradient_bytes = memory.total("gradients")
     gathered = memory.held_at_start("weights") if parameter_bytes is None else parameter_bytes
@@ -284,12 +284,6 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
             unsharded_grads = gradient_bytes * (root + 2 * block)
         extra.append(StorageLife(round(unsharded_grads), backward, optimizer, "gradients", "(unsharded gradients)"))
     return with_storages(memory, storages, extra)
-
-
-def _resized(life: StorageLife, nbytes: int) -> StorageLife:
-    """`life` with `nbytes` bytes (dataclasses.replace, without its per-call field inspection: a layout
-    resizes every storage of the step)."""
-    return StorageLife(nbytes, life.allocated_at, life.freed_at, life.category, life.op, life.module)
 
 
 def with_storages(memory: LiveMemory, storages: Sequence[StorageLife], extra: Sequence[StorageLife]) -> LiveMemory:

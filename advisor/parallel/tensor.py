@@ -264,10 +264,10 @@ def rank_memory(memory: LiveMemory, plan: TensorPlan, tp: int) -> LiveMemory:
     storages = []
     for life in memory.storages:
         if life.category in held:
-            storages.append(replace(life, nbytes=math.ceil(life.nbytes * kept)))
+            storages.append(life.resized(math.ceil(life.nbytes * kept)))
         elif life.allocated_at >= 0 and plan.splits_storage(life.module, memory.phase_of(life.allocated_at),
                                                             life.category):
-            storages.append(replace(life, nbytes=math.ceil(life.nbytes / tp)))
+            storages.append(life.resized(math.ceil(life.nbytes / tp)))
         else:
             storages.append(life)
     return replace(memory, storages=tuple(storages))

@@ -69,6 +69,11 @@ class StorageLife:
     or a tracker with no module source): parallel/tensor.py splits the activations of tensor-parallel layers
     by it."""
 
+    def resized(self, nbytes: int) -> StorageLife:
+        """This storage at `nbytes` bytes (dataclasses.replace without its per-call field inspection: the
+        multi-GPU planner resizes every storage of the step for each layout)."""
+        return StorageLife(nbytes, self.allocated_at, self.freed_at, self.category, self.op, self.module)
+
 
 @dataclass(frozen=True)
 class MemoryPeak:
@@ -130,8 +135,7 @@ class LiveMemory:
         sizes = self.sizes(block)
         phases = list(self.phase_starts)
         starts = [self.phase_starts[phase] for phase in phases]
-        if starts != sorted(starts):
-            return {phase: self.peak(block, phase) for phase in phases}
+        assert starts == sorted(starts), "phases start in the order they ran"
         best = [(-1, 0, BEFORE_STEP)] * len(phases)  # per phase: (bytes, event position, tick)
         live = 0
         for position, (event, tick) in enumerate(zip(self.events, self.event_ticks)):

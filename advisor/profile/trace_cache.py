@@ -14,7 +14,7 @@ and SHA-256), then the pickled StepTrace. A file is used only when it is a regul
 and writable by no one else (pickle runs code: a file someone else could have written is never read), of a
 sane size, with this format, schema and key, whose payload has its length and checksum and unpickles to a
 StepTrace; anything else is deleted and the step traced again. Writes are atomic (advisor.atomic). At most
-MAX_ENTRIES traces and MAX_TOTAL_BYTES are kept, the least recently used dropped first.
+MAX_ENTRIES files (traces and layouts) and MAX_TOTAL_BYTES are kept, the least recently used dropped first.
 
 Beside a trace pair, `<key>.layouts` keeps what the multi-GPU planner re-played from it: each layout's
 per-rank memory (estimate.parallel.LayoutMemory), under a key that adds the source of the code that sizes
