@@ -227,8 +227,8 @@ class LayoutMemory:
         self.trace, self.second = trace, second
         self.sharding = Sharding.of_trace(trace)
         self._second_sharding = None if second is None else Sharding.of_trace(second)
-        self._steps: dict[tuple[str, int, int, int], StepMemory] = dict((stored or {}).get("steps", {}))
-        self._lines: dict[tuple[str, int, int, int], BatchMemoryModel] = dict((stored or {}).get("lines", {}))
+        self._steps: dict[tuple[str, bool, int, int], StepMemory] = dict((stored or {}).get("steps", {}))
+        self._lines: dict[tuple[str, bool, int, int], BatchMemoryModel] = dict((stored or {}).get("lines", {}))
         self._stored_count = len(self._steps) + len(self._lines)
         self._plan: TensorPlan | str | None = None
         self._tensor: dict[tuple[int, bool], StepTrace] = {}
@@ -282,9 +282,11 @@ class LayoutMemory:
         return [] if tp == 1 else tensor_collectives(self.trace, self.split_plan(), tp, micro_batches)
 
     @staticmethod
-    def _key(layout: Layout) -> tuple[str, int, int, int]:
-        per_node = layout.gpus_per_node if layout.strategy == "hsdp" else 0  # only hsdp's shards depend on it
-        return layout.strategy, layout.gpus, per_node, layout.tp
+    def _key(layout: Layout) -> tuple[str, bool, int, int]:
+        """What a rank's memory depends on (parallel.strategy.per_rank_memory): whether it has data-parallel
+        peers, what its states are split over, and its tensor-parallel degree. DDP on 2 GPUs or 64 holds the
+        same, so it is re-played once."""
+        return layout.strategy, layout.dp > 1, layout.shards, layout.tp
 
     def step(self, layout: Layout) -> StepMemory:
         """One rank's memory at the traced batch."""

@@ -469,11 +469,13 @@ def estimate_device(trace: StepTrace, settings: EstimateSettings, target: Estima
 def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
                       machines: Machines, layouts: LayoutMemory, strategies: Sequence[str],
                       lowered: Chunks | None = None, pipeline: PipelineProfile | None = None,
-                      tp: int = 1) -> DeviceEstimate:
+                      tp: int = 1, single: StepTime | None = None) -> DeviceEstimate:
     """The job on `machines`' GPUs of `target`'s type, in tensor-parallel groups of `tp`: each of
     `strategies` sized and timed per rank (the trace is one data-parallel rank's micro-batch), the fastest
-    that fits kept (none fits: the one with the least memory per GPU), the others listed beside it."""
-    single = step_time(trace, settings, target, lowered)
+    that fits kept (none fits: the one with the least memory per GPU), the others listed beside it.
+    `single`: step_time of the trace on one GPU of the type, where the caller has it."""
+    if single is None:
+        single = step_time(trace, settings, target, lowered)
     rank = layouts.tensor_trace(tp)
     compute = single if tp == 1 else step_time(rank, settings, target)
     micro_batches = settings.memory.accumulation_steps
@@ -530,10 +532,11 @@ def estimate_on_gpus(trace: StepTrace, settings: EstimateSettings, target: Estim
 
 def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateTarget, db: HardwareDB,
                  layouts: LayoutMemory, lowered: Chunks | None = None,
-                 pipeline: PipelineProfile | None = None) -> DeviceEstimate | None:
+                 pipeline: PipelineProfile | None = None, single: StepTime | None = None) -> DeviceEstimate | None:
     """The fewest GPUs of `target`'s type that hold the job (estimate.parallel.scale_out_counts), with the
     strategy --parallel allows that runs it fastest; None where no machine of them does. A count is
-    estimated in full only once its leanest strategy (fsdp, or the one asked for) fits."""
+    estimated in full only once its leanest strategy (fsdp, or the one asked for) fits. `single`: as
+    estimate_parallel."""
     gpu = target.gpu
     assert gpu is not None
     for count in scale_out_counts(db, gpu):
@@ -546,7 +549,8 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
                                target.memory_overhead, None, settings.memory.cuda_context_bytes,
                                communicator_bytes(db, machines))
         if memory.fits:
-            return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline)
+            return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline,
+                                     single=single)
     return None
 
 
@@ -662,9 +666,11 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
                 results.append(result_or_why)
             continue
         memory = device_memory(step, target, target.memory_overhead, batch_model, memory_settings.cuda_context_bytes)
-        result = estimate_device(trace, settings, target, memory, db, lowered, pipeline)
+        single = step_time(trace, settings, target, lowered)
+        result = estimate_device(trace, settings, target, memory, db, lowered, pipeline, step=single)
         if gpus is None and spread and not memory.fits:
-            result = replace(result, scale_out=smallest_fit(trace, settings, target, db, layouts, lowered, pipeline))
+            result = replace(result, scale_out=smallest_fit(trace, settings, target, db, layouts, lowered, pipeline,
+                                                            single))
         results.append(result)
     trace_cache.store(layouts_key, layouts.stored(), trace_cache.LAYOUTS_SUFFIX)  # None: nothing new
     if not results and skipped:
