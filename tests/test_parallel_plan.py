@@ -174,3 +174,22 @@ def test_the_fit_advisor_plans_on_the_requested_gpus(db) -> None:
     assert not estimate.fitting
     plans = fit_plans(request, db, estimate)
     assert plans and all(p.result.num_gpus == 8 and p.to_dict()["num_gpus"] == 8 for p in plans)
+
+
+def test_ddp_memory_is_replayed_once_for_every_gpu_count() -> None:
+    # DDP keeps every state whole on each rank: 2 GPUs or 64 hold the same (one replay serves them all),
+    # while ZeRO-1 splits the optimizer state over the ranks (one replay per count)
+    from advisor.estimate.parallel import LayoutMemory, rank_trace
+    from advisor.memory.estimate import StepMemory
+    from advisor.memory.plan import trace_both_batches
+    from advisor.parallel.strategy import Layout
+
+    trace, second = trace_both_batches(load_model_file("mlp"), MemorySettings(64, "amp-bf16", "adamw"))
+    layouts = LayoutMemory(trace, second)
+    two, sixty_four = Layout("ddp", 2, 8), Layout("ddp", 64, 8)
+    assert layouts.step(two) is layouts.step(sixty_four)  # one replay
+    for layout in (two, sixty_four):  # and each, replayed on its own, agrees
+        assert StepMemory.of_trace(rank_trace(trace, layout, layouts.sharding)) == layouts.step(two)
+    assert layouts.step(Layout("ddp", 1, 1)) != layouts.step(two)  # one GPU has no gradient buckets
+    zero1 = [layouts.step(Layout("zero1", n, 8)) for n in (2, 8)]
+    assert zero1[0].allocated > zero1[1].allocated  # AdamW's moments: 1/2 of them per rank, then 1/8
