@@ -384,8 +384,9 @@ def torchtune(row: dict[str, str]) -> PlanRun | str:
 
 def universal_llm_trainer(row: dict[str, str]) -> PlanRun | str:
     """ULT_GPU_TEST: the model in bf16 (our bf16), AdamW, gradient checkpointing, batch 2 of 8,192 tokens,
-    LoRA r=8 on every projection; a LoRA "step" is taken to be one micro-batch (its step times are about
-    one full fine-tuning step's, not 32 of them: SOURCES-newer.md)."""
+    LoRA r=8 on every projection; a LoRA "step" is one micro-batch: the trainer's loop
+    (ljm565/universal-llm-trainer src/trainer/trainer.py @aefdc4a) runs forward and backward per batch and
+    steps the optimizer every `gradient_accumuate_step` batches (SOURCES-newer.md left this open)."""
     precision = precision_or_reason(row, "bf16")
     if precision not in PRECISIONS:
         return precision
