@@ -159,9 +159,8 @@ def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
     allocator = CachingAllocator()
     malloc, free = allocator.malloc_rounded, allocator.free
     blocks: dict[int, _Block | None] = {}
-    storages = memory.storages
-    sizes = [round_request(s.nbytes) if s.nbytes else 0 for s in storages]
-    in_step = [s.allocated_at >= 0 for s in storages]
+    sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
+    in_step = [s.allocated_at >= 0 for s in memory.storages]
     events = memory.events
     for step in range(steps):
         if step == 1:  # alive before the step: allocated once
