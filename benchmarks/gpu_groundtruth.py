@@ -1164,7 +1164,8 @@ class Predictor:
 
     def trace(self, spec: ModelSpec, key: RowKey) -> StepTrace | str:
         """The fake-tensor trace of the row's step (fp32's serves tf32: the same ops, timed differently), or
-        why there is none."""
+        why there is none. Attention with dropout is traced as CUDA's fused kernels run it, as `advisor
+        estimate` traces for a GPU (a dry run's rows ran on a CPU: its math path)."""
         precision = "fp32" if key.precision == "tf32" else key.precision
         cache_key = (spec.name, key.batch, precision, key.layout)
         if cache_key not in self.traces:
@@ -1173,7 +1174,7 @@ class Predictor:
             try:
                 build, make_input, loss_fn = with_layout(spec.parts(self.dry), key.layout)
                 self.traces[cache_key] = trace_training_step(build, make_input, key.batch, precision, spec.optimizer,
-                                                             loss_fn)
+                                                             loss_fn, attention="cpu" if self.dry else "cuda")
             except Unavailable as exc:
                 self.traces[cache_key] = str(exc)
             except Exception as exc:  # noqa: BLE001 - the tool cannot trace it: that is a finding, not a crash
