@@ -387,7 +387,7 @@ def test_a_measured_reference_wins_over_the_default(tmp_path: Path, tiny_suite) 
 def test_reference_with_an_unknown_source_names_file_entry_key(tmp_path: Path) -> None:
     db = load_hwdb([])
     shipped = shipped_dir("calibration", "suite.yaml") / "reference" / "defaults.yaml"
-    (tmp_path / "defaults.yaml").write_text(shipped.read_text().replace("sources: [E1, E4, E5, E6, E7]", "sources: [E1, E99]", 1))
+    (tmp_path / "defaults.yaml").write_text(shipped.read_text().replace("sources: [E1, E4, E5, E6, E7, GT1]", "sources: [E1, E99]", 1))
     with pytest.raises(ReferenceError, match=r"defaults.yaml: entry hopper, key 'sources': unknown source 'E99'"):
         load_families(db, tmp_path)
 

@@ -85,13 +85,14 @@ def test_a_cpu_gemm_pays_the_packing_of_its_second_operand() -> None:
 
 def test_gpu_queues_kernels_behind_the_host() -> None:
     device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
-    # Big op first: the device waits 10 us for it, then the host's next 10 us hide under its 4 ms.
+    # An op of a real step costs the host 4 x the 10 us autograd overhead (STEP_HOST_RATIO) = 40 us.
+    # Big op first: the device waits 40 us for it, then the host's next 40 us hide under its 4 ms.
     step = estimate_records([mm(1000, 1000, 1000), add(1_000_000)], "fp32", device)
-    assert step.step_s == pytest.approx(1e-5 + 4e-3 + 0.24e-3)
+    assert step.step_s == pytest.approx(4e-5 + 4e-3 + 0.24e-3)
     assert step.ops[1].wait_s == 0.0
-    # 100 tiny adds (1,000 floats: 12 kB / 5e10 B/s = 0.24 us each) wait on 10 us of host each.
+    # 100 tiny adds (1,000 floats: 12 kB / 5e10 B/s = 0.24 us each) wait on 40 us of host each.
     tiny = estimate_records([add(1000)] * 100, "fp32", device)
-    assert tiny.step_s == pytest.approx(100 * 1e-5 + 0.24e-6)
+    assert tiny.step_s == pytest.approx(100 * 4e-5 + 0.24e-6)
     assert tiny.bound == "overhead"
     assert all(op.bound == "overhead" for op in tiny.ops)
 
@@ -99,7 +100,8 @@ def test_gpu_queues_kernels_behind_the_host() -> None:
 def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
     # _foreach_mul_ over 100 tensors of 1,000 floats: 800 kB moved at 1e11 x 50% = 16 us of kernel.
     # A CPU runs it tensor by tensor: a profile without a foreach overhead counts 100 x 10 us of host
-    # = 1 ms; with foreach 1 us: 10 us + 99 x 1 us = 109 us. A GPU fuses the list (one launch, 10 us).
+    # = 1 ms; with foreach 1 us: 10 us + 99 x 1 us = 109 us. A GPU fuses the list (one launch: 4 x 10 us,
+    # STEP_HOST_RATIO).
     record = OpRecord("optimizer", "(optimizer)", "_foreach_mul_", 1e5, 400_000, 400_000, ("float32",), False, True,
                       tensors=100)
     cpu = estimate_records([record], "fp32", DeviceModel("cpu", "cpu", synthetic_profile()))
@@ -109,7 +111,7 @@ def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
     measured = estimate_records([record], "fp32", DeviceModel("cpu", "cpu", profile))
     assert measured.ops[0].host_s == pytest.approx(1e-5 + 99 * 1e-6)
     gpu = estimate_records([record], "fp32", DeviceModel("gpu", "gpu", synthetic_profile(), sm_count=None))
-    assert gpu.ops[0].host_s == pytest.approx(1e-5) and gpu.step_s == pytest.approx(1e-5 + 16e-6)
+    assert gpu.ops[0].host_s == pytest.approx(4e-5) and gpu.step_s == pytest.approx(4e-5 + 16e-6)
 
 
 def test_a_depthwise_convolution_is_timed_by_its_own_series_or_falls_back_to_the_dense_one() -> None:
@@ -196,9 +198,35 @@ def test_amp_matmuls_run_in_16_bits_on_a_gpu_only() -> None:
     gpu_kind, cpu_kind = classify(record, "amp-bf16", cuda=True), classify(record, "amp-bf16")
     assert (gpu_kind.dtype, cpu_kind.dtype) == ("bf16", "fp32")
     assert moved_bytes(record, gpu_kind) == (record.bytes_read + record.bytes_written) // 2
-    # on the GPU: 2e9 FLOPs at 4e12 x 50% = 1 ms (+10 us of host)
+    # on the GPU: 2e9 FLOPs at 4e12 x 50% = 1 ms (+4 x 10 us of host, STEP_HOST_RATIO)
     step = estimate_records([record], "amp-bf16", DeviceModel("gpu", "gpu", synthetic_profile()))
-    assert step.step_s == pytest.approx(1e-3 + 1e-5)
+    assert step.step_s == pytest.approx(1e-3 + 4e-5)
+
+
+def test_fused_attention_in_fp32_stays_fp32_under_tf32_on_a_gpu() -> None:
+    # memory-efficient attention's fp32 kernels run on CUDA cores: tf32 leaves them as fp32 does,
+    # where a plain matmul of the same step moves to tensor cores
+    attention = dataclasses.replace(mm(1000, 1000, 1000), op="_scaled_dot_product_efficient_attention")
+    backward = dataclasses.replace(attention, op="_scaled_dot_product_efficient_attention_backward", phase="backward")
+    assert classify(attention, "tf32", cuda=True).dtype == "fp32"
+    assert classify(backward, "tf32", cuda=True).dtype == "fp32"
+    assert classify(mm(1000, 1000, 1000), "tf32", cuda=True).dtype == "tf32"
+    assert classify(attention, "amp-bf16", cuda=True).dtype == "bf16"  # autocast casts attention to 16 bits
+
+
+def test_a_misaligned_tensor_core_gemm_runs_at_most_1_9x_the_fp32_peak() -> None:
+    # bf16 at 4 TFLOP/s x 50% = 2 TFLOP/s; n = 1001 is no multiple of 8 bf16 elements (16 bytes): capped at
+    # 1.9 x the 1 TFLOP/s fp32 peak. Aligned: 2e9 FLOPs / 2e12 = 1 ms; misaligned 2*1000*1001*1000 /
+    # 1.9e12 = 1.0537 ms. Host: 4 x 10 us autograd overhead (STEP_HOST_RATIO) before the kernel starts.
+    gpu = DeviceModel("gpu", "gpu", synthetic_profile(), sm_count=None)
+    aligned = estimate_records([mm(1000, 1000, 1000, dtype="bfloat16")], "amp-bf16", gpu)
+    misaligned = estimate_records([mm(1000, 1001, 1000, dtype="bfloat16")], "amp-bf16", gpu)
+    assert aligned.ops[0].kernel_s == pytest.approx(1e-3)
+    assert misaligned.ops[0].kernel_s == pytest.approx(2.002e9 / 1.9e12)
+    assert misaligned.step_s == pytest.approx(4e-5 + 2.002e9 / 1.9e12)
+    cpu = DeviceModel("cpu", "cpu", synthetic_profile())  # the cap is a GPU kernel library's
+    assert estimate_records([mm(1000, 1001, 1000, dtype="bfloat16")], "amp-bf16", cpu).ops[0].kernel_s == \
+        pytest.approx(2.002e9 / 2e12)
 
 
 def test_tf32_falls_back_to_fp32_where_the_device_has_no_tf32_series() -> None:

@@ -13,12 +13,17 @@ import math
 from dataclasses import dataclass
 
 from advisor.profile.choices import precision_of
-from advisor.profile.costs import ConvGeometry
+from advisor.profile.costs import SDPA_KERNELS, ConvGeometry
 from advisor.profile.trace import OpRecord
 
 CONVOLUTIONS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"})
 CONVOLUTION_BACKWARD = frozenset({"convolution_backward"})
 ALL_CONVOLUTIONS = CONVOLUTIONS | CONVOLUTION_BACKWARD
+FUSED_ATTENTION = frozenset(SDPA_KERNELS) | frozenset(f"{name}_backward" for name in SDPA_KERNELS)
+"""scaled_dot_product_attention's fused kernels, forward and backward. In fp32 a CUDA device runs them on
+CUDA cores whatever the TF32 switches say: flash attention takes 16-bit inputs only, and the memory-efficient
+kernels' fp32 variants are SIMT (on an H100, 2026-11-27, benchmarks/results/groundtruth: GPT-2 small's
+`fmha_cutlassF_f32_aligned_64x64_rf_sm80` took 5.93 ms under fp32 and 5.99 ms under tf32)."""
 
 NORMS = frozenset({
     "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
@@ -132,13 +137,16 @@ def math_dtype(record: OpRecord, precision: str, cuda: bool = False) -> str:
       trace runs) leaves some, such as scaled_dot_product_attention, in fp32;
     - an fp32 convolution runs as TF32 under the fp32 precision too: torch.backends.cudnn.allow_tf32
       (cudnn.conv.fp32_precision "tf32") is on by default; only matmuls' switch is off since torch
-      1.12. A device with no TF32 units runs it in fp32 (DTYPE_FALLBACK)."""
+      1.12. A device with no TF32 units runs it in fp32 (DTYPE_FALLBACK);
+    - fp32 fused attention stays fp32 under tf32 (FUSED_ATTENTION)."""
     for name, dtype in MATH_DTYPES.items():
         if name in record.dtypes:
             return dtype
     meaning = precision_of(precision)
     if cuda and meaning.autocast:
         return meaning.autocast
+    if cuda and record.op in FUSED_ATTENTION:
+        return "fp32"
     if meaning.tf32 or (cuda and meaning.matmul_dtype == "fp32" and record.op in ALL_CONVOLUTIONS):
         return "tf32"
     return "fp32"
@@ -212,6 +220,25 @@ def classify(record: OpRecord, precision: str, cuda: bool = False) -> OpClass:
             return OpClass(DEPTHWISE_SERIES[series], "fp32", compute=True, vector=True)
         return OpClass(series, math_dtype(record, precision, cuda), compute=True)
     return OpClass(memory_series(record.op), storage_dtype(record), compute=False)
+
+
+MISALIGNED_GEMM_FP32_MULTIPLE = 1.9
+"""A tensor-core matrix product with a dimension that is not a multiple of 16 bytes' worth of elements
+runs cuBLAS's and CUTLASS's `align1` kernels, which load one element at a time: on an H100 (2026-11-27,
+benchmarks/results/groundtruth, kernels.csv) GPT-2's 50,257-wide LM head ran 85-148 TFLOP/s in tf32, bf16
+and fp16 alike (1.3-2.2x the fp32 CUDA-core peak, median 1.95x) where aligned products of the same step
+reached 600+: such a product runs at most this multiple of the fp32 peak. nanoGPT pads its vocabulary to
+50,304 for this reason."""
+
+
+def misaligned_gemm(gemm: tuple[int, int, int, int], itemsize: int) -> bool:
+    """Whether a (batch, m, n, k) product of `itemsize`-byte elements has a dimension that 16-byte
+    vector loads cannot tile (see MISALIGNED_GEMM_FP32_MULTIPLE).
+
+    # bf16 (2 bytes: multiples of 8): m=8192, n=50257, k=768 -> 50257 % 8 = 1 -> misaligned
+    """
+    elements = max(1, 16 // itemsize)
+    return any(size % elements for size in gemm[1:])
 
 
 def wave_efficiency(gemm: tuple[int, int, int, int], sm_count: int) -> float:

@@ -6,7 +6,8 @@ Per op (seconds):
   calibrated curve of its series at its size, times (on a GPU) how well its tiles fill the SMs;
 - a memory op: bytes / (bandwidth x calibrated efficiency at its size); its FLOPs at the fp32 peak
   bound it from below;
-- the host's time to issue it (dispatch, plus autograd recording in forward and backward);
+- the host's time to issue it (dispatch, plus autograd recording in forward and backward; on a GPU,
+  what an op costs the host inside a real eager step: STEP_HOST_RATIO);
 - on a GPU, dropout as CUDA's one fused kernel where the CPU trace recorded three (lowering.py);
 - on a GPU, a convolution by the fastest algorithm cuDNN's autotuner can choose: Winograd for fp32
   3x3 stride-1 convolutions; tensor-core implicit GEMM, plus the transposes to NHWC and back that
@@ -31,6 +32,8 @@ from advisor.calibration.suite import TORCH_DTYPES
 from advisor.estimate.fusion import compiled_records, fusible
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
+    ALL_CONVOLUTIONS,
+    BATCH_NORMS,
     DTYPE_FALLBACK,
     FRESH_OUTPUT_SERIES,
     FRESH_PAGES_MIN_BYTES,
@@ -38,7 +41,9 @@ from advisor.estimate.ops import (
     WINOGRAD_MULTIPLY_SAVING,
     OpClass,
     classify,
+    MISALIGNED_GEMM_FP32_MULTIPLE,
     layout_transposes,
+    misaligned_gemm,
     moved_bytes,
     wave_efficiency,
     winograd_eligible,
@@ -257,7 +262,11 @@ class _OpTimer:
         attainable = roofline(peak, intensity, self.bandwidth)
         compute = filled / (attainable * series.efficiency(roofline_work(filled, peak, attainable)))
         if record.gemm is not None and record.conv is None and not kind.vector:
-            compute += series.pack_seconds(record.gemm, TORCH_DTYPES[kind.dtype].itemsize)
+            itemsize = TORCH_DTYPES[kind.dtype].itemsize
+            if (self.device.kind == "gpu" and kind.dtype in TENSOR_CORE_DTYPES
+                    and misaligned_gemm(record.gemm, itemsize)):
+                compute = max(compute, flops / (MISALIGNED_GEMM_FP32_MULTIPLE * self.fp32_peak))
+            compute += series.pack_seconds(record.gemm, itemsize)
         memory = moved / self.bandwidth
         if kind.vector:
             memory = self._memory_seconds("add", "fp32", moved)
@@ -306,6 +315,19 @@ class _OpTimer:
         return moved / (series.peak * series.efficiency(moved))
 
 
+STEP_HOST_RATIO = 4.0
+"""Host time per traced op of a real eager training step on a GPU, over the calibrated `autograd` overhead
+(one tiny op with autograd recording, issued in a tight loop). A step spends more per op than that loop:
+nn.Module calls, the autograd engine running each backward node, the optimizer's Python, cuBLAS and cuDNN
+calls that launch several kernels. Measured on an H100's host (benchmarks/results/gpu_host_overhead.txt,
+2026-11-27): 57.5 us per op where the loop took 14.5 us, fitted over the 12 steps that kept the GPU busy
+under half the time (the device waited on the host), across BERT, an MLP, MobileNetV2 and ResNet-50."""
+
+CONV_STEP_HOST_RATIO = 7.4
+"""The same for a convolution or batch norm (cuDNN's calls: its plan cache and heuristics run on the host
+every call): 107 us per op on that host, 7.4 x its autograd overhead."""
+
+
 def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = False, compiled: bool = False) -> float:
     """Host time to issue one op: autograd recording in forward and backward, plain dispatch in the
     optimizer (which runs under no_grad) and for every kernel of a `compiled` step (its graphs record
@@ -313,7 +335,12 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
     tensor of its list (no fused CPU kernel): each tensor after the first costs the calibrated
     `foreach` overhead (issue #20: 100 one-element tensors took 136 us in `_foreach_mul_` here, 1.36 us
     each, where one `mul_` took 1.8 us; profiles without it count a dispatch). A GPU's
-    multi_tensor_apply fuses the list into a few launches."""
+    multi_tensor_apply fuses the list into a few launches. On a GPU an eager step's op costs the host
+    STEP_HOST_RATIO (cuDNN's: CONV_STEP_HOST_RATIO) times the calibrated autograd overhead, whatever its phase."""
+    if not cpu and not compiled:
+        base = overheads.get("autograd", overheads.get("dispatch", 0.0))
+        cudnn = record.op in ALL_CONVOLUTIONS or record.op in BATCH_NORMS
+        return base * (CONV_STEP_HOST_RATIO if cudnn else STEP_HOST_RATIO)
     key = "dispatch" if record.phase == "optimizer" or compiled else "autograd"
     per_op = overheads.get(key, overheads.get("dispatch", 0.0))
     if not cpu or record.tensors <= 1:

@@ -60,11 +60,7 @@ def scatter(points: Sequence[Point], width: int, height: int, y_label: str = "US
         grid[row][column] = PARETO_MARK if point.pareto else DEVICE_MARK
         styles[(row, column)] = "bold dark_orange" if point.pareto else "dodger_blue2"
         if point.pareto:
-            label = f" {point.label}"
-            for offset, char in enumerate(label, 1):
-                if column + offset < plot_width and grid[row][column + offset] == " ":
-                    grid[row][column + offset] = char
-                    styles[(row, column + offset)] = "dark_orange"
+            _place_label(grid, styles, row, column, f" {point.label}")
     text = Text()
     for row, cells in enumerate(grid):
         axis = money(y_high) if row == 0 else money(y_low) if row == plot_height - 1 else ""
@@ -79,6 +75,22 @@ def scatter(points: Sequence[Point], width: int, height: int, y_label: str = "US
     text.append(f"{PARETO_MARK} Pareto front", style="dark_orange")
     text.append(f"  {DEVICE_MARK} other devices", style="dodger_blue2")
     return text
+
+
+def _place_label(grid: list[list[str]], styles: dict[tuple[int, int], str], row: int, column: int, label: str) -> None:
+    """Write a front point's label right of its column on the nearest row (its own first, then one up,
+    one down, ...) where it fits whole on blank cells: points of equal time and cost (a host-bound
+    model on many GPUs) would otherwise write their labels over each other. None free: what fits on
+    its own row."""
+    width = len(grid[0])
+    cells = range(column + 1, min(column + 1 + len(label), width))
+    order = sorted(range(len(grid)), key=lambda r: (abs(r - row), r > row))
+    free = next((r for r in order if len(cells) == len(label) and all(grid[r][c] == " " for c in cells)), None)
+    target = row if free is None else free
+    for offset, char in zip(cells, label):
+        if grid[target][offset] == " ":
+            grid[target][offset] = char
+            styles[(target, offset)] = "dark_orange"
 
 
 def memory_bar(result: DeviceEstimate, width: int = 50) -> Text:
