@@ -33,7 +33,7 @@ sys.path[:0] = [str(BENCHMARKS), str(BENCHMARKS.parent)]
 import gpu_groundtruth as groundtruth  # noqa: E402
 from printed import print_report  # noqa: E402
 
-from advisor.estimate.ops import ALL_CONVOLUTIONS, BATCH_NORMS  # noqa: E402
+from advisor.estimate.ops import CUDNN_OPS  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 
 HOST_BOUND_BUSY = 0.5
@@ -64,7 +64,7 @@ def host_rows(folder: Path) -> tuple[list[dict], float]:
         trace = predictor.trace(specs[key.model], key)
         if isinstance(trace, str):
             continue
-        counts = Counter("cudnn" if r.op in ALL_CONVOLUTIONS or r.op in BATCH_NORMS else "other" for r in trace.records)
+        counts = Counter("cudnn" if r.op in CUDNN_OPS else "other" for r in trace.records)
         step_s = float(row["step_time_median_s"])
         rows.append({"label": f"{folder.name} {key.label}", "model": key.model, "step_s": step_s,
                      "busy": kernel_s / step_s, "other": counts["other"], "cudnn": counts["cudnn"]})

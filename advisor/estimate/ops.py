@@ -128,6 +128,10 @@ BATCH_NORMS = frozenset({"native_batch_norm", "native_batch_norm_backward", "_na
 in backward the two reductions, then the input gradient): it moves its input once more than the
 op's arguments and results count."""
 
+CUDNN_OPS = ALL_CONVOLUTIONS | BATCH_NORMS
+"""Ops a GPU runs through cuDNN, whose per-call planning costs the host more than another op's
+(step.CONV_STEP_HOST_RATIO)."""
+
 
 def math_dtype(record: OpRecord, precision: str, cuda: bool = False) -> str:
     """Calibration dtype of an op's math: fp16/bf16 when it reads such tensors; fp32 ops run as TF32

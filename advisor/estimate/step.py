@@ -32,16 +32,15 @@ from advisor.calibration.suite import TORCH_DTYPES
 from advisor.estimate.fusion import compiled_records, fusible
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
-    ALL_CONVOLUTIONS,
-    BATCH_NORMS,
+    CUDNN_OPS,
     DTYPE_FALLBACK,
     FRESH_OUTPUT_SERIES,
     FRESH_PAGES_MIN_BYTES,
     TENSOR_CORE_DTYPES,
     WINOGRAD_MULTIPLY_SAVING,
+    MISALIGNED_GEMM_FP32_MULTIPLE,
     OpClass,
     classify,
-    MISALIGNED_GEMM_FP32_MULTIPLE,
     layout_transposes,
     misaligned_gemm,
     moved_bytes,
@@ -339,8 +338,7 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
     STEP_HOST_RATIO (cuDNN's: CONV_STEP_HOST_RATIO) times the calibrated autograd overhead, whatever its phase."""
     if not cpu and not compiled:
         base = overheads.get("autograd", overheads.get("dispatch", 0.0))
-        cudnn = record.op in ALL_CONVOLUTIONS or record.op in BATCH_NORMS
-        return base * (CONV_STEP_HOST_RATIO if cudnn else STEP_HOST_RATIO)
+        return base * (CONV_STEP_HOST_RATIO if record.op in CUDNN_OPS else STEP_HOST_RATIO)
     key = "dispatch" if record.phase == "optimizer" or compiled else "autograd"
     per_op = overheads.get(key, overheads.get("dispatch", 0.0))
     if not cpu or record.tensors <= 1:
