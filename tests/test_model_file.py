@@ -89,6 +89,15 @@ def test_model_file_imports_its_neighbours(tmp_path: Path) -> None:
     assert model.build_model().out_features == 2
 
 
+def test_two_model_files_of_one_folder_have_their_own_fingerprints(tmp_path: Path) -> None:
+    # the trace cache keys a model by its fingerprint: with the folder's files alone, the second of two
+    # model files beside each other was estimated from the first one's cached trace
+    paths = write(tmp_path, GOOD, "first.py"), write(tmp_path, GOOD.replace("Linear(4, 2)", "Linear(4, 3)"), "second.py")
+    first, second = (load_model_file(path) for path in paths)
+    assert first.fingerprint and second.fingerprint and first.fingerprint != second.fingerprint
+    assert load_model_file(paths[0]).fingerprint == first.fingerprint  # stable while the folder is unchanged
+
+
 def test_bad_batch_size_constant(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="BATCH_SIZE must be a whole number from 1 to 1,048,576, got 0"):
         load_model_file(write(tmp_path, GOOD.replace("BATCH_SIZE = 16", "BATCH_SIZE = 0")))

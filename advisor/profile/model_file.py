@@ -275,9 +275,10 @@ MAX_FINGERPRINT_BYTES = 16 * 2**20
 
 
 def _file_fingerprint(path: Path) -> str:
-    """SHA-256 of the model file and the .py files in its folder (what `import helper` beside it reads);
-    "" (not cached) for a folder with more than MAX_FINGERPRINT_FILES of them or MAX_FINGERPRINT_BYTES."""
-    digest = hashlib.sha256()
+    """SHA-256 of which file is the model, the model file and the .py files in its folder (what `import
+    helper` beside it reads); "" (not cached) for a folder with more than MAX_FINGERPRINT_FILES of them or
+    MAX_FINGERPRINT_BYTES. Two model files of one folder differ by the first: the folder alone is the same."""
+    digest = hashlib.sha256(b"model\0" + path.name.encode() + b"\0")
     siblings = sorted(p for p in path.parent.glob("*.py") if p.is_file())
     if path not in siblings:
         siblings.insert(0, path)
