@@ -49,12 +49,15 @@ def device_seconds(folder: Path) -> dict[tuple[str, int, str, str], float]:
     return busy
 
 
-def host_rows(folder: Path) -> tuple[list[dict], float]:
-    """The run's profiled rows with their op counts, and its calibrated autograd overhead (seconds)."""
+def host_rows(folder: Path) -> tuple[list[dict], float, dict]:
+    """The run's profiled rows with their op counts and the run's calibrated autograd overhead (seconds),
+    that overhead, and the run's environment.json."""
     run = groundtruth.Run(folder, False, groundtruth.REAL, groundtruth.model_specs(), None, time.perf_counter(), None)
     predictor = groundtruth.Predictor.for_run(run, load_hwdb([], include_user_layers=False))
     specs = {spec.name: spec for spec in run.specs}
     kernels = device_seconds(folder)
+    profile = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))["profile"]
+    overhead = profile["overheads_s"]["autograd"]
     rows = []
     for row in run.steps.rows():
         key = groundtruth.RowKey.of(row)
@@ -67,9 +70,9 @@ def host_rows(folder: Path) -> tuple[list[dict], float]:
         counts = Counter("cudnn" if r.op in CUDNN_OPS else "other" for r in trace.records)
         step_s = float(row["step_time_median_s"])
         rows.append({"label": f"{folder.name} {key.label}", "model": key.model, "step_s": step_s,
-                     "busy": kernel_s / step_s, "other": counts["other"], "cudnn": counts["cudnn"]})
-    profile = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))["profile"]
-    return rows, profile["overheads_s"]["autograd"]
+                     "busy": kernel_s / step_s, "other": counts["other"], "cudnn": counts["cudnn"],
+                     "autograd": overhead})
+    return rows, overhead, run.environment()
 
 
 def fit(rows: list[dict]) -> np.ndarray:
@@ -89,15 +92,12 @@ def report(folders: list[Path]) -> list[str]:
     bound: list[dict] = []
     autograd: list[float] = []
     for folder in folders:
-        rows, overhead = host_rows(folder)
+        rows, overhead, environment = host_rows(folder)
         autograd.append(overhead)
-        environment = json.loads((folder / "environment.json").read_text(encoding="utf-8"))
         chosen = [r for r in rows if r["busy"] < HOST_BOUND_BUSY]
         lines.append(f"{folder.name}: {environment['gpu_name']}, host {environment['cpu']} x{environment['cpu_cores']}, "
                      f"torch {environment['torch']}; calibrated autograd overhead {overhead * 1e6:.1f} us; "
                      f"{len(chosen)} of {len(rows)} profiled rows host-bound")
-        for r in chosen:
-            r["autograd"] = overhead
         bound += chosen
     if len(bound) < 3:
         return lines + ["too few host-bound rows to fit"]
