@@ -447,14 +447,16 @@ def _agrees(profile: CalibrationProfile, op: str, label: str, independent, attem
     """The profile's achieved rate for one case beside an independent timing of the same op. This VM's
     memory bandwidth and clocks drift by tens of percent over seconds (neighbours), so when the two
     disagree, the suite's runner times that one case again right after a new independent measurement,
-    up to `attempts` times: what is checked is the suite's measurement, not the weather. (CI once saw
-    three whole-series re-runs in a row 16% apart, each seconds away from its independent timing.)"""
+    up to `attempts` times, and each side keeps its best rate so far (noise only ever slows a timing down,
+    so the best of several converges on what the machine can do): what is checked is the suite's
+    measurement, not the weather. (CI once saw three whole-series re-runs in a row 16% apart, each seconds
+    away from its independent timing; on 2026-11-27 six attempts in a row of the 256 MiB copy 11% apart.)"""
     reported, measured = _reported_rate(profile, op, label), independent()
     for _ in range(attempts - 1):
         if abs(reported / measured - 1) <= 0.10:
             break
-        measured = independent()
-        reported = _suite_rate(op, label)
+        measured = max(measured, independent())
+        reported = max(reported, _suite_rate(op, label))
     return reported, measured
 
 

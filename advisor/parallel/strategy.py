@@ -278,11 +278,16 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
             held = root + min(2, len(units.blocks)) * block  # the root, the unit computed and the one prefetched
             extra.append(StorageLife(round(gathered * held), forward, optimizer, "weight_copies",
                                      "(gathered units)"))
+        # unsharded gradients exist from the first one the backward computes (the loss's backward before it
+        # holds none), not from the backward's start, where the step's activations peak
         if mixed_precision:  # the root's and a unit's in the gathered dtype, the reduce-scatter's input in fp32
             unsharded_grads = gradient_bytes * ((root + block) * LOW_PRECISION_SHARE + block)
         else:  # the root's, a unit's and its reduce-scatter input
             unsharded_grads = gradient_bytes * (root + 2 * block)
-        extra.append(StorageLife(round(unsharded_grads), backward, optimizer, "gradients", "(unsharded gradients)"))
+        first_gradient = min((s.allocated_at for s in memory.storages
+                              if s.category == "gradients" and s.allocated_at >= backward), default=backward)
+        extra.append(StorageLife(round(unsharded_grads), first_gradient, optimizer, "gradients",
+                                 "(unsharded gradients)"))
     return with_storages(memory, storages, extra)
 
 
