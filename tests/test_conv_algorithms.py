@@ -1,5 +1,5 @@
 """Convolutions on a GPU: the geometry the trace records, and the algorithm cuDNN's autotuner would
-pick (Winograd for fp32 3x3 stride-1 convolutions, tensor-core implicit GEMM with NCHW<->NHWC
+pick (Winograd for fp32 3x3 stride-1 convolutions on CUDA cores, tensor-core implicit GEMM with NCHW<->NHWC
 transposes for channels-first tensors, fp32 CUDA cores where TF32 gains nothing), by hand."""
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def test_fp32_3x3_stride_1_convolution_runs_winograd_on_a_gpu() -> None:
     record = conv(64, 64, 3, 1, "float32")
     assert seconds(record, "fp32", kind="cpu") == pytest.approx(3.6994e-3, rel=1e-4)
     assert seconds(record, "fp32", tf32_flops=None) == pytest.approx(3.6994e-3 / 2.25, rel=1e-4)
+    # With TF32 units (a GeForce Ampere's run at its fp32 rate, 1e12) cuDNN's allow_tf32 default takes a
+    # TF32 implicit GEMM (3.699 ms + the NCHW transposes) or fp32 CUDA cores (3.699 ms), not Winograd
+    assert seconds(record, "fp32", tf32_flops=1e12) == pytest.approx(3.6994e-3, rel=1e-4)
     strided = conv(64, 64, 3, 2, "float32")  # stride 2: implicit GEMM, 1/4 of the FLOPs
     assert seconds(strided, "fp32", tf32_flops=None) == pytest.approx(3.6994e-3 / 4, rel=1e-4)
 

@@ -100,7 +100,16 @@ of 36 (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
 WINOGRAD_NONFUSED algorithms (forward, backward data and backward filter) run 3x3 stride-1
 convolutions this way on CUDA cores, and torch.backends.cudnn.benchmark picks them when they are
 faster. Its larger tiles (F(4x4, 3x3): 4x fewer multiplies) are taken to pay for the transforms
-and the smaller products' lower efficiency: an assumption."""
+and the smaller products' lower efficiency: an assumption.
+
+Only where the convolution's math runs on CUDA cores: GPUs without TF32 units (Volta, Turing, Pascal), or
+fp32 with TF32 off. Where TF32 units take fp32 convolutions (torch.backends.cudnn.allow_tf32, on by
+default, Ampere and newer), the autotuner's choice is a TF32 implicit GEMM: the H100 ground truth
+(benchmarks/results/groundtruth/2026-11-27-h100-sxm/kernels.csv, cudnn.benchmark on, cuDNN 9.19) ran no
+Winograd kernel in any fp32 or tf32 step of ResNet-50 or MobileNetV2, and on GPUs whose TF32 rate is
+their fp32 rate (GeForce and workstation Ampere, Ada, Blackwell) published fp32 steps run at the implicit
+GEMM's rate: Lambda's ResNet-50 fp32 rows on ten GA10x GPUs were +8% to +17% too fast with Winograd
+(-2% to +10% without), and VGG-16 (all 3x3) on the RTX 3090, 4090 and 5090 +46% to +81%."""
 
 WINOGRAD_MIN_CHANNELS = 48
 """cuDNN chose Winograd for 3x3 convolutions with at least 48 input and output channels and implicit

@@ -278,8 +278,9 @@ class _OpTimer:
         - implicit GEMM in the op's math dtype; on tensor cores, channels-first tensors are first
           transposed to NHWC and back (serial memory-bound kernels, ops.layout_transposes);
         - where TF32 is allowed, not required: fp32 implicit GEMM on CUDA cores, in any layout;
-        - for a 3x3 stride-1 convolution whose math may run in fp32 (fp32, TF32, or a dtype with no
-          tensor cores here): Winograd on CUDA cores, WINOGRAD_MULTIPLY_SAVING fewer multiplies."""
+        - for a 3x3 stride-1 convolution whose math runs on CUDA cores (fp32, or a dtype with no tensor
+          cores here): Winograd, WINOGRAD_MULTIPLY_SAVING fewer multiplies. Not where TF32 units take an
+          fp32 convolution (ops.WINOGRAD_MULTIPLY_SAVING says why)."""
         conv = record.conv
         assert conv is not None
         tensor_cores = self._on_tensor_cores(kind)
@@ -295,7 +296,7 @@ class _OpTimer:
         fp32 = OpClass(kind.series, "fp32", compute=True)
         if kind.dtype == "tf32":
             options.append((fp32, *self._compute_seconds(record, fp32, record.flops, moved), 0.0))
-        if winograd_eligible(conv) and (kind.dtype == "tf32" or not tensor_cores):
+        if winograd_eligible(conv) and not tensor_cores:
             saved = record.flops / WINOGRAD_MULTIPLY_SAVING
             options.append((fp32, *self._compute_seconds(record, fp32, saved, moved), 0.0))
         return min(options, key=lambda option: max(option[1], option[2]) + option[3])
