@@ -482,4 +482,7 @@ def test_quick_profile_matches_an_independent_copy(quick_cpu_profile: Calibratio
     moved = 2 * elements * 4  # STREAM copy: one read and one write of the array
     reported, measured = _agrees(quick_cpu_profile, "copy", "256 MiB",
                                  lambda: moved / _independent_seconds(lambda: target.copy_(source), 9))
-    assert reported == pytest.approx(measured, rel=0.10)
+    # within 20%: a byte count or a timer off by 2x fails. Alone the two agree within 3% (33.5 against 32.9 GB/s
+    # here, five rounds); inside the whole suite on this 2-core VM, twice on 2026-11-27, the best of six
+    # interleaved rounds stayed 16% apart (52.7 against 45.3 GB/s), the VM's memory bandwidth unsteady then
+    assert reported == pytest.approx(measured, rel=0.20)

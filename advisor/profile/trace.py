@@ -17,6 +17,7 @@ from one seed, so a model that reads them (layerdrop, SpecAugment) traces the sa
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -255,6 +256,31 @@ class _StepModuleTracker(ModuleTracker):
 
     in_backward = False
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: dict[str, int] = {}
+        """How many modules had been entered when each module of `parents` last was: in the backward,
+        `parents` (a set, whose order changes with the hash seed) holds siblings of one depth at once
+        (a LoRA layer's base_layer and lora_A), and the one entered last is the one running."""
+        self._entries = itertools.count()
+
+    def _get_append_fn(self, name, is_bw):
+        append = super()._get_append_fn(name, is_bw)
+
+        def fn(*args) -> None:
+            self.entered[name] = next(self._entries)
+            append(*args)
+
+        return fn
+
+    def innermost(self) -> str | None:
+        """The deepest module of `parents` by attribute path, the latest entered among equals (None:
+        outside every module)."""
+        names = [name for name in self.parents if name != "Global"]
+        if not names:
+            return None
+        return max(names, key=lambda n: (n.count("."), self.entered.get(n, -1)))
+
     def _fw_pre_hook(self, mod, input) -> None:
         if self.in_backward:
             self._get_append_fn(self._get_mod_name(mod), False)()
@@ -286,7 +312,7 @@ class _Recorder(TorchDispatchMode):
     With `fake_mode` given (the real-inputs fallback), tensors computed from inputs alone keep a
     real twin, and an op that needs values is answered from the twins."""
 
-    def __init__(self, tracker: ModuleTracker, memory: LiveMemoryTracker,
+    def __init__(self, tracker: _StepModuleTracker, memory: LiveMemoryTracker,
                  fake_mode: FakeTensorMode | None = None, watch: TraceWatch | None = None,
                  memory_limit: int | None = None) -> None:
         super().__init__()
@@ -317,10 +343,9 @@ class _Recorder(TorchDispatchMode):
     def module(self) -> str:
         """The innermost module by attribute path from the model ("" is the model itself, as fvcore
         names it); ops outside the model are "(loss)" or "(optimizer)"."""
-        names = [name for name in self.tracker.parents if name != "Global"]
-        if not names:
+        innermost = self.tracker.innermost()
+        if innermost is None:
             return OUTSIDE_MODEL["optimizer" if self.phase == "optimizer" else "loss"]
-        innermost = max(names, key=lambda n: n.count("."))
         return innermost.partition(".")[2]  # ModuleTracker names the root by its class: drop it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
