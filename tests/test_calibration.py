@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -444,23 +446,50 @@ def _suite_rate(op: str, label: str) -> float:
 
 
 AGREEMENT = 0.25
-"""How close the suite's rate and an independent timing of the same op must be. Alone they agree within 3% (the
-256 MiB copy: 33.5 against 32.9 GB/s, five rounds on 2026-11-27); run after the rest of this file or the whole
-suite on this 2-core VM, the best of six interleaved rounds stayed 16-29% apart, either way round (copy 52.7
-against 45.3 GB/s, then 34.5 against 44.5; the 1024^3 GEMM 178.6 against 151.9 GFLOP/s), where neither a busy
-process beside it nor transparent huge pages (off) reproduced it. What the check is for, work counted or timed
-wrong by 2x, still fails it."""
+"""How close the suite's rate and an independent timing of the same op must be: work counted or timed wrong by
+2x fails. Each pair is measured in a fresh process (_in_a_fresh_process): there they agree within 3% (the 256
+MiB copy: 33.5 against 32.9 GB/s, five rounds on 2026-11-27), while inside this test process, after the rest of
+this file or of the suite, the best of six interleaved rounds stayed 16-36% apart either way round on this
+2-core VM (copy 52.7 against 45.3 GB/s, then 34.5 against 44.5 and 40.1 against 29.6; the 1024^3 GEMM 178.6
+against 151.9 and 185.4 against 135.9 GFLOP/s), which no busy process beside it reproduced; huge pages are
+off. The cause is not found."""
+
+INDEPENDENT = {
+    # mm 1024x1024 @ 1024x1024: 2 * 1024^3 FLOPs
+    ("gemm", "1024x1024x1024"): "a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)\n"
+                                "rate = lambda: 2 * 1024**3 / _independent_seconds(lambda: torch.mm(a, b), 15)",
+    # 256 MiB of fp32, far beyond any CPU cache; STREAM copy: one read and one write of the array
+    ("copy", "256 MiB"): "source, target = torch.ones(64 * 2**20), torch.empty(64 * 2**20)\n"
+                         "rate = lambda: 2 * 64 * 2**20 * 4 / _independent_seconds(lambda: target.copy_(source), 9)",
+}
+
+FRESH_PROCESS = """
+import json, sys
+sys.path.insert(0, {root!r})
+import torch
+from tests.test_calibration import _agrees, _independent_seconds, _suite_rate
+{independent}
+print(json.dumps(_agrees(_suite_rate({op!r}, {label!r}), {op!r}, {label!r}, rate)))
+"""
 
 
-def _agrees(profile: CalibrationProfile, op: str, label: str, independent, attempts: int = 6) -> tuple[float, float]:
-    """The profile's achieved rate for one case beside an independent timing of the same op. This VM's
-    memory bandwidth and clocks drift by tens of percent over seconds (neighbours), so when the two
-    disagree, the suite's runner times that one case again right after a new independent measurement,
-    up to `attempts` times, and each side keeps its best rate so far (noise only ever slows a timing down,
-    so the best of several converges on what the machine can do): what is checked is the suite's
-    measurement, not the weather. (CI once saw three whole-series re-runs in a row 16% apart, each seconds
-    away from its independent timing; on 2026-11-27 six attempts in a row of the 256 MiB copy 11% apart.)"""
-    reported, measured = _reported_rate(profile, op, label), independent()
+def _in_a_fresh_process(op: str, label: str) -> tuple[float, float]:
+    """(the suite's rate, an independent timing's) of one case, by _agrees in a new Python process."""
+    script = FRESH_PROCESS.format(root=str(Path(__file__).resolve().parents[1]), op=op, label=label,
+                                  independent=INDEPENDENT[op, label])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=600)
+    reported, measured = json.loads(done.stdout.strip().splitlines()[-1])
+    return reported, measured
+
+
+def _agrees(reported: float, op: str, label: str, independent, attempts: int = 6) -> tuple[float, float]:
+    """The suite's achieved rate for one case (`reported`) beside an independent timing of the same op. This
+    VM's memory bandwidth and clocks drift by tens of percent over seconds (neighbours), so when the two
+    disagree, the suite's runner times that one case again right after a new independent measurement, up to
+    `attempts` times, and each side keeps its best rate so far (noise only ever slows a timing down, so the
+    best of several converges on what the machine can do): what is checked is the suite's measurement, not
+    the weather."""
+    measured = independent()
     for _ in range(attempts - 1):
         if abs(reported / measured - 1) <= AGREEMENT:
             break
@@ -471,10 +500,8 @@ def _agrees(profile: CalibrationProfile, op: str, label: str, independent, attem
 
 def test_quick_profile_matches_an_independent_torch_mm(quick_cpu_profile: CalibrationProfile) -> None:
     n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
     flops = 2 * n**3  # mm 1024x1024 @ 1024x1024: 2 * 1024^3 FLOPs
-    reported, measured = _agrees(quick_cpu_profile, "gemm", "1024x1024x1024",
-                                 lambda: flops / _independent_seconds(lambda: torch.mm(a, b), 15))
+    reported, measured = _in_a_fresh_process("gemm", "1024x1024x1024")
     assert reported == pytest.approx(measured, rel=AGREEMENT)  # a FLOP count off by 2x (MACs) fails
     # the fitted curve, with the packing of the 1024x1024 fp32 operand it fitted, speaks for that size
     # too, within the fit's own residual there
@@ -485,11 +512,6 @@ def test_quick_profile_matches_an_independent_torch_mm(quick_cpu_profile: Calibr
     assert fitted * (1 + residual) == pytest.approx(_reported_rate(quick_cpu_profile, "gemm", "1024x1024x1024"))
 
 
-def test_quick_profile_matches_an_independent_copy(quick_cpu_profile: CalibrationProfile) -> None:
-    elements = 64 * 1024 * 1024  # 256 MiB of fp32: far beyond any CPU cache
-    source, target = torch.ones(elements), torch.empty(elements)
-    moved = 2 * elements * 4  # STREAM copy: one read and one write of the array
-    reported, measured = _agrees(quick_cpu_profile, "copy", "256 MiB",
-                                 lambda: moved / _independent_seconds(lambda: target.copy_(source), 9))
-    # within AGREEMENT: a byte count or a timer off by 2x fails
-    assert reported == pytest.approx(measured, rel=AGREEMENT)
+def test_quick_profile_matches_an_independent_copy() -> None:
+    reported, measured = _in_a_fresh_process("copy", "256 MiB")
+    assert reported == pytest.approx(measured, rel=AGREEMENT)  # a byte count or a timer off by 2x fails
