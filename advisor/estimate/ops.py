@@ -244,6 +244,92 @@ reached 600+: such a product runs at most this multiple of the fp32 peak. nanoGP
 50,304 for this reason."""
 
 
+FUSED_ATTENTION_FP32_EFFICIENCY = 0.38
+"""Share of the fp32 CUDA-core peak that scaled_dot_product_attention's fp32 kernels reach: PyTorch's
+memory-efficient CUTLASS kernels, SIMT in fp32 on every architecture (FUSED_ATTENTION). Measured on an
+H100 (2026-11-27, benchmarks/results/groundtruth, kernels.csv; FLOPs as costs.attention_flops counts
+them): `fmha_cutlassF_f32` forward 0.33 (BERT-base, 384 tokens) and 0.39 (GPT-2 small, 1,024 causal),
+`fmha_cutlassB_f32` backward 0.38 and 0.42, where a GEMM of the same FLOPs reaches 0.6-0.75."""
+
+ATTENTION_KERNEL_EFFICIENCY: dict[str, tuple[tuple[int, float], ...]] = {
+    "cudnn": ((64, 0.42), (128, 0.62), (256, 0.59)),
+    "flash2": ((64, 0.50), (128, 0.70), (256, 0.65)),
+}
+"""Forward fused attention in 16 bits on tensor cores, long sequences, no causal mask: share of the
+dense fp16/bf16 peak by head dimension (interpolated in log2 of the dimension, held beyond the ends).
+"cudnn" (PyTorch's choice on Hopper and Blackwell; the H100 ground truth ran
+`cudnn_generated_fort_native_sdpa_sm90_flash_*`): the plateaus of cuDNN's bars in FlashAttention-3's
+forward benchmark on an H100 SXM5 (Shah et al. 2024, fig. 5: 413, about 605 and 581 TFLOP/s of 989 at
+head dimension 64, 128 and 256). "flash2" (FlashAttention-2, PyTorch's flash kernels on Ampere and Ada;
+assumed for Volta and Turing's memory-efficient kernels): "50-73% of the theoretical maximum FLOPs/s
+on A100" (Dao 2023, abstract), the low end at head dimension 64."""
+
+ATTENTION_HALF_KEYS = 120
+"""Keys per query at which a fused attention kernel reaches half of its long-sequence rate: the
+query tile's fixed work (loading Q, writing O, the softmax's final rescale) against the key blocks it
+loops over. FlashAttention-3's fig. 5, cuDNN at 512 tokens: 335 of 413 TFLOP/s at head dimension 64
+(0.81: 120 keys), 497 of about 605 at 128 (0.82: 112)."""
+
+ATTENTION_CAUSAL_RATE = 0.9
+"""A causal mask's cost on the keys it keeps (the diagonal blocks' masking): the same figure's causal
+bars, cuDNN at head dimension 64, are within 13% of 0.9 x the unmasked rate at half the keys."""
+
+ATTENTION_BACKWARD_RATE = 0.75
+"""The backward kernels' rate against the forward's (five products with dS = P (dP - D) between them,
+atomic dQ updates): GPT-2 small's cuDNN backward ran 208 TFLOP/s where its forward ran 275 on the H100
+ground truth (0.76); FlashAttention-2's paper reports the backward below the forward too."""
+
+ATTENTION_KERNELS_BY_ARCHITECTURE = {"hopper": "cudnn", "blackwell": "cudnn"}
+"""Which kernel family of ATTENTION_KERNEL_EFFICIENCY runs 16-bit fused attention; "flash2" elsewhere."""
+
+
+def fused_attention_efficiency(record: OpRecord, dtype: str, architecture: str | None) -> float:
+    """Share of the `dtype` peak a GPU's fused attention call (FUSED_ATTENTION) reaches: fp32 runs
+    SIMT kernels (FUSED_ATTENTION_FP32_EFFICIENCY); 16-bit tensor-core kernels reach their family's rate
+    at the head dimension, less for short key ranges (ATTENTION_HALF_KEYS), causal masks and the backward.
+
+    # BERT-base forward, 12 heads x 16, 384 keys, head dim 64, no mask, on an H100 (cudnn):
+    # 0.42 x 384 / (384 + 120) = 0.32
+    """
+    assert record.gemm is not None and record.op in FUSED_ATTENTION, record
+    if dtype not in ("bf16", "fp16"):
+        return FUSED_ATTENTION_FP32_EFFICIENCY
+    heads, queries, keys, head_dim = record.gemm
+    table = ATTENTION_KERNEL_EFFICIENCY[ATTENTION_KERNELS_BY_ARCHITECTURE.get(architecture or "", "flash2")]
+    rate = _interpolate_log2(table, head_dim)
+    backward = record.op.endswith("_backward")
+    full = 4.0 * heads * queries * keys * head_dim * (2.5 if backward else 1.0)
+    kept = min(1.0, record.flops / full) if full else 1.0  # a causal mask keeps about half the keys
+    if kept < 0.75:
+        rate *= ATTENTION_CAUSAL_RATE
+    keys_per_query = keys * kept
+    rate *= keys_per_query / (keys_per_query + ATTENTION_HALF_KEYS)
+    return rate * (ATTENTION_BACKWARD_RATE if backward else 1.0)
+
+
+def _interpolate_log2(table: tuple[tuple[int, float], ...], x: float) -> float:
+    """The table's value at x, linear in log2(x) between its points and held beyond its ends."""
+    if x <= table[0][0]:
+        return table[0][1]
+    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+        if x <= x1:
+            t = (math.log2(x) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+            return y0 + t * (y1 - y0)
+    return table[-1][1]
+
+
+TF32_TRANSPOSED_OPERAND_EFFICIENCY = 0.8
+"""Rate of a TF32 tensor-core matrix product relative to its K-major ("TN") form, per operand that is not
+K-major. The instructions that feed tensor cores transpose 16-bit elements only: Ampere's `ldmatrix.trans`
+takes .b16, and Hopper's `wgmma` reads tf32 (and fp8) operands from shared memory K-major only (PTX ISA,
+"Warpgroup level matrix multiply"); a transposed 32-bit operand is loaded element by element or
+transposed on the way. Measured on an H100 (2026-11-27, benchmarks/results/groundtruth, kernels.csv): GPT-2
+small's layers ran their forward products (TN) at the rate predicted, the input gradients (one operand
+transposed, cuBLAS "NN") 1.2x and the weight gradients (both, "NT") 1.7x slower than predicted, while in
+bf16 the same three ran at one rate. fp32 on CUDA cores shows no such penalty (backward 1.9x the
+forward's time for 2x the FLOPs)."""
+
+
 def misaligned_gemm(gemm: tuple[int, int, int, int], itemsize: int) -> bool:
     """Whether a (batch, m, n, k) product of `itemsize`-byte elements has a dimension that 16-byte
     vector loads cannot tile (see MISALIGNED_GEMM_FP32_MULTIPLE).

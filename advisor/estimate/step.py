@@ -36,11 +36,14 @@ from advisor.estimate.ops import (
     DTYPE_FALLBACK,
     FRESH_OUTPUT_SERIES,
     FRESH_PAGES_MIN_BYTES,
+    FUSED_ATTENTION,
     TENSOR_CORE_DTYPES,
+    TF32_TRANSPOSED_OPERAND_EFFICIENCY,
     WINOGRAD_MULTIPLY_SAVING,
     MISALIGNED_GEMM_FP32_MULTIPLE,
     OpClass,
     classify,
+    fused_attention_efficiency,
     layout_transposes,
     misaligned_gemm,
     moved_bytes,
@@ -64,6 +67,8 @@ class DeviceModel:
     """"gpu" or "cpu"."""
     profile: CalibrationProfile
     sm_count: int | None = None
+    architecture: str | None = None
+    """A GPU's architecture in the hardware database ("hopper"): which fused attention kernels it runs."""
 
     def __post_init__(self) -> None:
         assert self.kind in ("gpu", "cpu"), self.kind
@@ -207,7 +212,7 @@ class _OpTimer:
         """(class, compute, memory, page faults, layout transposes) of one op, in seconds: the device
         overlaps compute and memory traffic; page faults and layout transposes stop both."""
         key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
-               record.gemm, record.allocated, record.conv)
+               record.gemm, record.allocated, record.conv, record.transposed)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._kernel(record)
@@ -235,6 +240,8 @@ class _OpTimer:
         """(class, compute, memory, layout transposes) seconds of one op on the device."""
         kind = classify(record, self.precision, cuda=self.device.kind == "gpu")
         moved = moved_bytes(record, kind)
+        if kind.compute and self.device.kind == "gpu" and record.op in FUSED_ATTENTION and record.gemm:
+            return kind, self._fused_attention_seconds(record, kind), moved / self.bandwidth, 0.0
         if kind.compute:
             compute, memory = self._compute_seconds(record, kind, record.flops, moved)
             if self.device.kind == "gpu" and record.conv is not None:
@@ -243,6 +250,16 @@ class _OpTimer:
         memory = self._memory_seconds(kind.series, kind.dtype, moved)
         compute = record.flops / self.fp32_peak if record.flops else 0.0
         return kind, compute, memory, 0.0
+
+    def _fused_attention_seconds(self, record: OpRecord, kind: OpClass) -> float:
+        """A GPU's fused attention kernel: its FLOPs at the share of its math dtype's peak that such
+        kernels reach (ops.fused_attention_efficiency), not at a GEMM's, plus the GEMM series' fixed
+        per-call time (its tau_half_s)."""
+        dtype = kind.dtype if self._on_tensor_cores(kind) else "fp32"
+        series = _series(self.profile, "gemm", dtype)
+        peak = self.fp32_peak if dtype == "fp32" else series.peak
+        rate = peak * fused_attention_efficiency(record, dtype, self.device.architecture)
+        return record.flops / rate + series.fit.curve.param("tau_half_s")
 
     def _compute_seconds(self, record: OpRecord, kind: OpClass, flops: float, moved: int) -> tuple[float, float]:
         """(compute, memory) seconds of a compute op doing `flops` the way `kind` says."""
@@ -262,6 +279,9 @@ class _OpTimer:
         compute = filled / (attainable * series.efficiency(roofline_work(filled, peak, attainable)))
         if record.gemm is not None and record.conv is None and not kind.vector:
             itemsize = TORCH_DTYPES[kind.dtype].itemsize
+            if (record.transposed and kind.dtype == "tf32" and self.device.kind == "gpu"
+                    and self._on_tensor_cores(kind)):
+                compute /= TF32_TRANSPOSED_OPERAND_EFFICIENCY ** record.transposed
             if (self.device.kind == "gpu" and kind.dtype in TENSOR_CORE_DTYPES
                     and misaligned_gemm(record.gemm, itemsize)):
                 compute = max(compute, flops / (MISALIGNED_GEMM_FP32_MULTIPLE * self.fp32_peak))
@@ -516,7 +536,8 @@ def estimate_chunks(chunks: Chunks, precision: str, device: DeviceModel, compile
 def _kernel_key(record: OpRecord) -> tuple:
     """What a kernel's time depends on: the record but its module."""
     return (record.phase, record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes,
-            record.matmul, record.counted, record.gemm, record.allocated, record.conv, record.tensors)
+            record.matmul, record.counted, record.gemm, record.allocated, record.conv, record.tensors,
+            record.transposed)
 
 
 SIMULATED_REPEATS = 4

@@ -43,6 +43,10 @@ class OpCost:
     conv: ConvGeometry | None = None
     """A convolution's (or its backward's) geometry and memory layout: what decides the algorithm a
     GPU library runs it with."""
+    transposed: int = 0
+    """Of a matrix product's two operands, how many are not K-major (their reduction dimension is not
+    the contiguous one): 0 for a linear layer's forward, 1 for its input gradient, 2 for its weight
+    gradient (see transposed_operands)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,26 @@ def bmm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
 @register_shape(aten.baddbmm)
 def baddbmm_shape(args: tuple, named: dict, out: Any) -> GemmShape:
     return bmm_shape(args[1:], named, out)
+
+
+GEMM_OPERANDS: dict[Any, tuple[int, int]] = {}
+"""aten OpOverloadPacket of a matrix product -> the positions of its [.., m, k] and [.., k, n] operands."""
+GEMM_OPERANDS.update({aten.mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2)})
+GEMM_OPERANDS.update({op: (0, 1) for op in _ops("_scaled_mm")})
+
+
+def transposed_operands(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many of a matrix product's operands, a [.., m, k] and b [.., k, n], are not K-major: a with its
+    rows not contiguous, b with its columns not contiguous. A linear layer's forward, x @ W.t(), has
+    both K-major (cuBLAS's "TN"); its input gradient, dy @ W, has W's n contiguous (1); its weight
+    gradient, dy.t() @ x, has neither (2). A dimension of size 1 is contiguous whatever its stride.
+
+    # x [6144, 768] contiguous @ W.t() (W [3072, 768] contiguous): strides (768, 1) and (1, 768) -> 0
+    # dy.t() [3072, 6144] strides (1, 3072) @ x [6144, 768] strides (768, 1) -> 2
+    """
+    def k_major(tensor: torch.Tensor, k_dim: int) -> bool:
+        return tensor.shape[k_dim] == 1 or tensor.stride(k_dim) == 1
+    return int(not k_major(a, -1)) + int(not k_major(b, -2))
 
 
 def conv_flops(x_shape, w_shape, out_shape, transposed: bool) -> float:
@@ -673,7 +697,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     outputs = tree_flatten(out)[0]
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
-    flops, matmul, counted, gemm, conv = 0.0, False, True, None, None
+    flops, matmul, counted, gemm, conv, transposed = 0.0, False, True, None, None, 0
     entry = REGISTRY.get(packet) or REGISTRY.get(packet._qualified_op_name)
     if entry is not None:
         named = named_arguments(func, args, kwargs or {})
@@ -682,6 +706,9 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         gemm = None if shape is None else shape(args, named, out)
         geometry = CONV_GEOMETRIES.get(packet)
         conv = None if geometry is None else geometry(args, named, out)
+        operands = GEMM_OPERANDS.get(packet)
+        if operands is not None:
+            transposed = transposed_operands(args[operands[0]], args[operands[1]])
     elif packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
         pass
     elif torch.Tag.pointwise in func.tags:
@@ -695,7 +722,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         written = sum(_tensor_bytes(tree_flatten(args[i])[0]) for i in written_lists)
     elif not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
         written = _tensor_bytes(tree_flatten(args[0])[0])
-    return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv)
+    return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv, transposed)
 
 
 def _foreach_flops(args: tuple, outputs: list[Any]) -> float:

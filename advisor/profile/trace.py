@@ -125,6 +125,8 @@ class OpRecord:
     """(source, bytes, offset) of each value the op reads: which op made it (dataflow.py)."""
     writes: Flow = field(default=(), compare=False, repr=False)
     """(last_use, bytes) of each value the op writes: which op reads it last (dataflow.py)."""
+    transposed: int = 0
+    """Of a matrix product's operands, how many are not K-major (costs.transposed_operands)."""
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -390,7 +392,8 @@ class _Recorder(TorchDispatchMode):
         if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
             record = OpRecord(self.phase, self.module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
-                              self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args))
+                              self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args),
+                              transposed=cost.transposed)
             records = [record]
             multi_tensor = record.tensors > 1 or record.op.startswith("_foreach_")
             self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, multi_tensor,

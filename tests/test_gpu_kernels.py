@@ -1,0 +1,97 @@
+"""GPU kernel mechanisms the time model applies beyond a GEMM's curve, by hand: TF32 products with
+operands that are not K-major (the trace records which), and fused attention's own rates (SIMT in
+fp32; by head dimension, keys per query, causal mask and direction in 16 bits)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from advisor.estimate.ops import (
+    ATTENTION_BACKWARD_RATE,
+    ATTENTION_CAUSAL_RATE,
+    FUSED_ATTENTION_FP32_EFFICIENCY,
+    TF32_TRANSPOSED_OPERAND_EFFICIENCY,
+    fused_attention_efficiency,
+)
+from advisor.estimate.step import DeviceModel, estimate_records
+from advisor.profile.costs import attention_flops, transposed_operands
+from advisor.profile.trace import OpRecord, trace_training_step
+from tests.test_conv_algorithms import profile
+from tests.test_estimate import mm
+
+
+def test_transposed_operands_of_a_linear_layers_three_products() -> None:
+    x, w, dy = torch.empty(6, 5), torch.empty(3, 5), torch.empty(6, 3)
+    assert transposed_operands(x, w.t()) == 0  # forward x @ W.t(): both K-major ("TN")
+    assert transposed_operands(dy, w) == 1  # input gradient dy @ W: W's rows run along n
+    assert transposed_operands(dy.t(), x) == 2  # weight gradient dy.t() @ x: neither
+    assert transposed_operands(torch.empty(1, 5), torch.empty(5, 1)) == 0  # size-1 dimensions: any stride
+
+
+def test_the_trace_records_which_operands_are_transposed() -> None:
+    trace = trace_training_step(lambda: nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)),
+                                lambda batch: torch.randn(batch, 16), 32, "fp32", "sgd")
+    products = [(r.phase, r.gemm, r.transposed) for r in trace.records if r.gemm is not None]
+    # forward: addmm(b, x [32, 16], W1.t()) and addmm(b, h [32, 8], W2.t()), K-major both
+    assert ("forward", (1, 32, 8, 16), 0) in products and ("forward", (1, 32, 4, 8), 0) in products
+    # backward of the second layer: dh = dy [32, 4] @ W2 [4, 8] (1), dW2 = dy.t() [4, 32] @ h [32, 8] (2)
+    assert ("backward", (1, 32, 8, 4), 1) in products
+    assert ("backward", (1, 4, 8, 32), 2) in products
+
+
+def test_tf32_products_slow_down_per_transposed_operand_on_tensor_cores_only() -> None:
+    # 2*1000^3 = 2e9 FLOPs at the 8 TFLOP/s TF32 peak x 50% = 0.5 ms K-major; with both operands
+    # transposed 0.5 ms / 0.8^2 = 0.78125 ms, one 0.625 ms
+    def kernel_s(transposed: int, precision: str = "tf32", tf32_flops: float | None = 8e12, kind: str = "gpu") -> float:
+        record = dataclasses.replace(mm(1000, 1000, 1000), transposed=transposed)
+        return estimate_records([record], precision, DeviceModel(kind, kind, profile(tf32_flops))).ops[0].kernel_s
+    assert kernel_s(0) == pytest.approx(0.5e-3)
+    assert kernel_s(1) == pytest.approx(0.5e-3 / TF32_TRANSPOSED_OPERAND_EFFICIENCY)
+    assert kernel_s(2) == pytest.approx(0.5e-3 / TF32_TRANSPOSED_OPERAND_EFFICIENCY ** 2) == pytest.approx(0.78125e-3)
+    assert kernel_s(2, precision="fp32") == pytest.approx(4e-3)  # CUDA cores: 2e9 / (1e12 x 50%)
+    assert kernel_s(2, tf32_flops=None) == pytest.approx(4e-3)  # no TF32 units: fp32 as well
+    assert kernel_s(2, kind="cpu") == pytest.approx(0.5e-3)  # a CPU's BLAS packs either layout
+
+
+def attention(heads: int, queries: int, keys: int, head_dim: int, causal: bool = False, backward: bool = False,
+              dtype: str = "bfloat16") -> OpRecord:
+    flops = attention_flops((heads, queries, head_dim), (heads, keys, head_dim), (heads, keys, head_dim), causal)
+    op = "_scaled_dot_product_flash_attention" + ("_backward" if backward else "")
+    return OpRecord("backward" if backward else "forward", "attn", op, flops * (2.5 if backward else 1.0),
+                    0, 0, (dtype,), True, True, (heads, queries, keys, head_dim))
+
+
+def test_fused_attention_rates_by_hand() -> None:
+    bert = attention(192, 384, 384, 64)  # BERT-base at batch 16: 16 x 12 heads, 384 tokens, head dim 64
+    # cuDNN (Hopper) at head dim 64: 0.42 x 384 / (384 + 120) = 0.32
+    assert fused_attention_efficiency(bert, "bf16", "hopper") == pytest.approx(0.42 * 384 / 504)
+    # FlashAttention-2 elsewhere: 0.50 x 384 / 504
+    assert fused_attention_efficiency(bert, "bf16", "ampere") == pytest.approx(0.50 * 384 / 504)
+    # head dim 90 lies between 64 and 128: log2 90 = 6.4919, so 0.42 + 0.4919 x 0.20 = 0.5184
+    assert fused_attention_efficiency(attention(8, 8192, 8192, 90), "bf16", "hopper") == \
+        pytest.approx(0.5184 * 8192 / (8192 + 120), rel=1e-3)
+    # GPT-2's causal 1,024 tokens keep (1024 + 1) / 2048 of the keys: 512.5 per query, at 0.9 of the rate
+    gpt2 = attention(96, 1024, 1024, 64, causal=True)
+    expected = 0.42 * ATTENTION_CAUSAL_RATE * 512.5 / (512.5 + 120)
+    assert fused_attention_efficiency(gpt2, "bf16", "hopper") == pytest.approx(expected)
+    backward = attention(96, 1024, 1024, 64, causal=True, backward=True)
+    assert fused_attention_efficiency(backward, "bf16", "hopper") == pytest.approx(expected * ATTENTION_BACKWARD_RATE)
+    assert fused_attention_efficiency(bert, "fp32", "hopper") == FUSED_ATTENTION_FP32_EFFICIENCY  # SIMT kernels
+
+
+def test_fused_attention_takes_its_own_rate_not_a_gemms_on_a_gpu() -> None:
+    # fp32 under tf32: 4*192*384*384*64 = 7,247,757,312 FLOPs at the 1 TFLOP/s fp32 peak x 0.38 = 19.07 ms
+    # (the GEMM curve would give 50%: 14.5 ms); fp16 under amp: 4 TFLOP/s x 0.50 x 384/504 (flash2) = 4.756 ms
+    record = attention(192, 384, 384, 64, dtype="float32")
+    gpu = DeviceModel("gpu", "gpu", profile(), architecture="ampere")
+    assert estimate_records([record], "tf32", gpu).ops[0].kernel_s == \
+        pytest.approx(7_247_757_312 / (1e12 * FUSED_ATTENTION_FP32_EFFICIENCY), rel=1e-6)
+    half = dataclasses.replace(record, dtypes=("float16",))
+    assert estimate_records([half], "fp16", gpu).ops[0].kernel_s == \
+        pytest.approx(7_247_757_312 / (4e12 * 0.50 * 384 / 504), rel=1e-6)
+    cpu = DeviceModel("cpu", "cpu", profile())  # a CPU's attention stays on its GEMM curve: 50% of 1 TFLOP/s
+    assert estimate_records([record], "fp32", cpu).ops[0].kernel_s == pytest.approx(7_247_757_312 / 0.5e12)
