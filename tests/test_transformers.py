@@ -51,3 +51,23 @@ def test_hugging_face_bert_forward_profile_matches_the_trace() -> None:
     profile = forward_profile(build_model, example_input, BATCH)
     assert profile.total_flops == pytest.approx(trace.model_forward_flops(), rel=0.01)
     assert profile.by_module["encoder"] > 0.95 * MATMUL_FORWARD
+
+
+def build_llama() -> torch.nn.Module:
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                                      num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                                      intermediate_size=INTERMEDIATE, max_position_embeddings=64,
+                                      attn_implementation="sdpa")
+    config.use_cache = False  # as training scripts and the built-in catalog (hub.py) set it
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_a_hugging_face_causal_lm_on_fake_tensors_runs_causal_attention_without_a_mask() -> None:
+    # transformers cannot read fake position ids and, unpatched, assumes packed sequences: it builds a
+    # [2, 1, 32, 32] mask and attention computes every score. A real step's position ids pack nothing,
+    # so it calls attention with is_causal=True: per layer forward 2 * (2*8*32*32*16) = 524,288 FLOPs for
+    # every score, of which the causal kernel computes (32 + 1) / 64 = 270,336.
+    trace = trace_training_step(build_llama, lambda batch: {"input_ids": torch.randint(0, 1000, (batch, SEQ))},
+                                BATCH, "fp32", "adamw", lambda out, _: out.logits.float().mean(), attention="cuda")
+    attention = [r for r in trace.records if r.phase == "forward" and "attention" in r.op]
+    assert [r.flops for r in attention] == [270_336.0] * LAYERS

@@ -8,6 +8,7 @@ this package assigns an attribute of torch; tests/test_layers.py checks no other
 |---|---|---|---|
 | `fake_tensor_conversions` | `torch.utils.swap_tensors` | `Module._apply` (`.half()`, `.to(...)`) swaps each parameter with its converted twin, which fails on the weak reference fake mode keeps to every fake tensor: for fake tensors the parameter's data is set instead, what `_apply` does for real ones | 2.13, 2.15 |
 | `registration_hooks` | `torch.nn.Module.register_parameter`, `register_buffer` | build.weights_on_meta moves each parameter and buffer to the meta device as it is registered (accelerate's `init_empty_weights` does the same) | 2.13, 2.15 |
+| `unpacked_fake_sequences` | `transformers.masking_utils.find_packed_sequence_indices` (only where transformers is already imported) | transformers cannot read fake position ids, so it assumes packed sequences and builds an explicit s x s causal mask; a real step's position ids (the model's own `arange`) pack nothing, its mask is skipped and attention runs causal (`is_causal=True`: half the FLOPs, flash kernels) | transformers 5.24 |
 
 Private torch modules the tracer imports (torch.utils._python_dispatch, torch._subclasses.fake_tensor,
 torch.utils._pytree) are used as torch's own FlopCounterMode uses them, not patched.
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
+
+import sys
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -77,4 +80,24 @@ def registration_hooks(after_parameter: Callable[[torch.nn.Module, str], None],
     with ExitStack() as stack:
         stack.enter_context(replaced(torch.nn.Module, "register_parameter", parameter_then_hook))
         stack.enter_context(replaced(torch.nn.Module, "register_buffer", buffer_then_hook))
+        yield
+
+
+@contextmanager
+def unpacked_fake_sequences() -> Iterator[None]:
+    """Within the block, transformers' causal-mask builder takes fake position ids for one sequence per
+    batch row, as a real step's are: `find_packed_sequence_indices` returns None for a fake tensor (for a
+    real one it runs as it is). Without it, a causal LM traced on fake tensors (Llama, Qwen, Mistral, ...)
+    materialises a batch x s x s mask and calls scaled_dot_product_attention with it: twice a causal
+    kernel's FLOPs and a mask no real step holds. Nothing is replaced where transformers is not imported."""
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def unpacked_if_fake(position_ids: torch.Tensor) -> torch.Tensor | None:
+        return None if isinstance(position_ids, FakeTensor) else original(position_ids)
+
+    with replaced(masking, "find_packed_sequence_indices", unpacked_if_fake):
         yield

@@ -68,7 +68,7 @@ from advisor.profile.repeated import (
 )
 from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
-from advisor.profile.torch_patches import fake_tensor_conversions
+from advisor.profile.torch_patches import fake_tensor_conversions, unpacked_fake_sequences
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
 from advisor.profile.watch import TraceWatch
 
@@ -782,7 +782,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         memory.module_source = recorder.module
         recorder.shortcut_optimizer = setup.optimizer != FILE_OPTIMIZER and not real
         recorder.first_step_aliases = setup.optimizer in FIRST_STEP_ALIASES and not real
-        with tracker, recorder:
+        with tracker, recorder, unpacked_fake_sequences():
             recorder.phase = "optimizer"
             with _optimizer_code(setup, "the optimizer's first step"):
                 _create_optimizer_state(opt, stepped, keep_gradients=setup.accumulate_gradients, fake=not real)
