@@ -95,3 +95,37 @@ def test_fused_attention_takes_its_own_rate_not_a_gemms_on_a_gpu() -> None:
         pytest.approx(7_247_757_312 / (4e12 * 0.50 * 384 / 504), rel=1e-6)
     cpu = DeviceModel("cpu", "cpu", profile())  # a CPU's attention stays on its GEMM curve: 50% of 1 TFLOP/s
     assert estimate_records([record], "fp32", cpu).ops[0].kernel_s == pytest.approx(7_247_757_312 / 0.5e12)
+
+
+class SelfAttention(nn.Module):
+    """q, k, v from one projection, 4 heads of 8, attention dropout `p` while training."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.qkv, self.p = nn.Linear(32, 96), p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unflatten(-1, (4, 8)).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0)
+        return out.transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.0])
+def test_fused_attention_records_say_whether_they_draw_dropout(p: float) -> None:
+    trace = trace_training_step(lambda: SelfAttention(p), lambda batch: torch.randn(batch, 16, 32), 2, "fp32", "sgd",
+                                attention="cuda")
+    kernels = [(r.phase, r.dropout) for r in trace.records if "attention" in r.op]
+    assert kernels == [("forward", p > 0), ("backward", p > 0)]
+
+
+def test_attention_dropout_costs_integer_work_per_score_by_hand() -> None:
+    from advisor.estimate.ops import attention_dropout_seconds
+    bert = dataclasses.replace(attention(192, 384, 384, 64), dropout=True)
+    # 192 x 384 x 384 = 28,311,552 scores x 28 instructions / (132 SMs x 64 lanes x 1.98 GHz) = 47.4 us
+    assert attention_dropout_seconds(bert, 132, 1.98e9, 66.9e12) == pytest.approx(28_311_552 * 28 / (132 * 64 * 1.98e9))
+    assert attention_dropout_seconds(bert, 132, 1.98e9, 66.9e12) == pytest.approx(47.4e-6, rel=1e-3)
+    # no SM count or clock: a quarter of the fp32 FLOP/s; a causal mask draws for the half it keeps
+    assert attention_dropout_seconds(bert, None, None, 4e12) == pytest.approx(28_311_552 * 28 / 1e12)
+    causal = dataclasses.replace(attention(96, 1024, 1024, 64, causal=True), dropout=True)
+    assert attention_dropout_seconds(causal, None, None, 4e12) == pytest.approx(96 * 1024 * 1025 / 2 * 28 / 1e12)
+    assert attention_dropout_seconds(attention(192, 384, 384, 64), 132, 1.98e9, 66.9e12) == 0.0  # no dropout

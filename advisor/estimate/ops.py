@@ -294,17 +294,57 @@ def fused_attention_efficiency(record: OpRecord, dtype: str, architecture: str |
     assert record.gemm is not None and record.op in FUSED_ATTENTION, record
     if dtype not in ("bf16", "fp16"):
         return FUSED_ATTENTION_FP32_EFFICIENCY
-    heads, queries, keys, head_dim = record.gemm
+    _, _, keys, head_dim = record.gemm
     table = ATTENTION_KERNEL_EFFICIENCY[ATTENTION_KERNELS_BY_ARCHITECTURE.get(architecture or "", "flash2")]
     rate = _interpolate_log2(table, head_dim)
-    backward = record.op.endswith("_backward")
-    full = 4.0 * heads * queries * keys * head_dim * (2.5 if backward else 1.0)
-    kept = min(1.0, record.flops / full) if full else 1.0  # a causal mask keeps about half the keys
+    kept = _kept_keys(record)
     if kept < 0.75:
         rate *= ATTENTION_CAUSAL_RATE
     keys_per_query = keys * kept
     rate *= keys_per_query / (keys_per_query + ATTENTION_HALF_KEYS)
-    return rate * (ATTENTION_BACKWARD_RATE if backward else 1.0)
+    return rate * (ATTENTION_BACKWARD_RATE if record.op.endswith("_backward") else 1.0)
+
+
+def _kept_keys(record: OpRecord) -> float:
+    """Share of a fused attention call's query-key scores it computes: about half under a causal mask
+    (costs.attention_flops), else all."""
+    assert record.gemm is not None, record
+    heads, queries, keys, head_dim = record.gemm
+    full = 4.0 * heads * queries * keys * head_dim * (2.5 if record.op.endswith("_backward") else 1.0)
+    return min(1.0, record.flops / full) if full else 1.0
+
+
+ATTENTION_DROPOUT_INT_OPS_PER_SCORE = 28
+"""Integer instructions a fused attention kernel spends per query-key score to draw and apply a dropout
+mask inside it (forward and backward alike: the backward draws the same mask again): a Philox-4x32-10
+draw (ten rounds of two 32x32-bit multiplies and XORs for four 32-bit numbers, about 20 instructions a
+number) plus the compare and the scaling. Measured on the H100 (2026-11-27, benchmarks/results/
+groundtruth, kernels.csv): BERT-base's attention with dropout 0.1 took 42-56 us a layer longer (28.3 M
+scores) than the same kernels predict without it, in the fp32 memory-efficient kernels and in cuDNN's
+bf16 ones alike, about 0.6 x 10^12 scores/s; 132 SMs x 64 INT32 lanes x 1.98 GHz = 16.7 x 10^12
+instructions/s makes that 28 a score."""
+
+INT32_LANES_PER_SM = 64
+"""INT32 instructions an SM issues per clock, Volta to Hopper (the CUDA C++ Programming Guide's
+arithmetic-instruction throughput table: 64 for 32-bit integer add and multiply-add on compute capability
+7.x-9.0)."""
+
+
+def attention_dropout_seconds(record: OpRecord, sm_count: int | None, clock_hz: float | None,
+                              fp32_peak: float) -> float:
+    """Seconds a fused attention call spends drawing its dropout mask (0 without one): its scores x
+    ATTENTION_DROPOUT_INT_OPS_PER_SCORE at the GPU's INT32 rate (SMs x INT32_LANES_PER_SM x clock; without
+    an SM count or clock, a quarter of the fp32 FLOP/s, which is that rate on an H100).
+
+    # BERT-base at batch 16, 192 heads x 384 x 384 = 28,311,552 scores, on an H100:
+    # 28,311,552 x 28 / (132 x 64 x 1.98e9) = 47.4 us
+    """
+    if not record.dropout or record.gemm is None:
+        return 0.0
+    heads, queries, keys, _ = record.gemm
+    scores = heads * queries * keys * _kept_keys(record)
+    rate = sm_count * INT32_LANES_PER_SM * clock_hz if sm_count and clock_hz else fp32_peak / 4
+    return scores * ATTENTION_DROPOUT_INT_OPS_PER_SCORE / rate
 
 
 def _interpolate_log2(table: tuple[tuple[int, float], ...], x: float) -> float:

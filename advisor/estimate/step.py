@@ -42,6 +42,7 @@ from advisor.estimate.ops import (
     WINOGRAD_MULTIPLY_SAVING,
     MISALIGNED_GEMM_FP32_MULTIPLE,
     OpClass,
+    attention_dropout_seconds,
     classify,
     fused_attention_efficiency,
     layout_transposes,
@@ -69,6 +70,8 @@ class DeviceModel:
     sm_count: int | None = None
     architecture: str | None = None
     """A GPU's architecture in the hardware database ("hopper"): which fused attention kernels it runs."""
+    clock_hz: float | None = None
+    """A GPU's boost clock (its integer instruction rate, with sm_count)."""
 
     def __post_init__(self) -> None:
         assert self.kind in ("gpu", "cpu"), self.kind
@@ -212,7 +215,7 @@ class _OpTimer:
         """(class, compute, memory, page faults, layout transposes) of one op, in seconds: the device
         overlaps compute and memory traffic; page faults and layout transposes stop both."""
         key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
-               record.gemm, record.allocated, record.conv, record.transposed)
+               record.gemm, record.allocated, record.conv, record.transposed, record.dropout)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._kernel(record)
@@ -253,13 +256,14 @@ class _OpTimer:
 
     def _fused_attention_seconds(self, record: OpRecord, kind: OpClass) -> float:
         """A GPU's fused attention kernel: its FLOPs at the share of its math dtype's peak that such
-        kernels reach (ops.fused_attention_efficiency), not at a GEMM's, plus the GEMM series' fixed
-        per-call time (its tau_half_s)."""
+        kernels reach (ops.fused_attention_efficiency), not at a GEMM's, plus the dropout mask it draws
+        (ops.attention_dropout_seconds) and the GEMM series' fixed per-call time (its tau_half_s)."""
         dtype = kind.dtype if self._on_tensor_cores(kind) else "fp32"
         series = _series(self.profile, "gemm", dtype)
         peak = self.fp32_peak if dtype == "fp32" else series.peak
         rate = peak * fused_attention_efficiency(record, dtype, self.device.architecture)
-        return record.flops / rate + series.fit.curve.param("tau_half_s")
+        dropout = attention_dropout_seconds(record, self.device.sm_count, self.device.clock_hz, self.fp32_peak)
+        return record.flops / rate + dropout + series.fit.curve.param("tau_half_s")
 
     def _compute_seconds(self, record: OpRecord, kind: OpClass, flops: float, moved: int) -> tuple[float, float]:
         """(compute, memory) seconds of a compute op doing `flops` the way `kind` says."""
@@ -537,7 +541,7 @@ def _kernel_key(record: OpRecord) -> tuple:
     """What a kernel's time depends on: the record but its module."""
     return (record.phase, record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes,
             record.matmul, record.counted, record.gemm, record.allocated, record.conv, record.tensors,
-            record.transposed)
+            record.transposed, record.dropout)
 
 
 SIMULATED_REPEATS = 4

@@ -52,7 +52,7 @@ def database_targets(db: HardwareDB, gpus: Sequence[GPUSpec], families: tuple[Fa
     """Each database GPU with its family's reference calibration."""
     return [
         EstimateTarget(gpu.id, gpu.name, DeviceModel(gpu.id, "gpu", reference_profile(gpu, families), gpu.sm_count,
-                                                       gpu.architecture),
+                                                       gpu.architecture, gpu.boost_clock_hz),
                        gpu.memory_bytes, db.memory_overhead(gpu), gpu)
         for gpu in gpus
     ]
@@ -155,7 +155,8 @@ def local_targets(db: HardwareDB, families: tuple[Family, ...], progress: Progre
         properties = torch.cuda.get_device_properties(index)
         sm_count = spec.sm_count if spec else properties.multi_processor_count
         targets.append(EstimateTarget(local_id, f"this GPU: {target.name}", DeviceModel(local_id, "gpu", local.profile, sm_count,
-                                                                                       spec.architecture if spec else None),
+                                                                                       spec.architecture if spec else None,
+                                                                                       spec.boost_clock_hz if spec else None),
                                       properties.total_memory, overhead, spec, True, local.note, local.quality))
     return targets
 

@@ -9,8 +9,10 @@ the output and the logsumexp of each row; backward draws the same mask again. On
 
 A trace for GPU targets therefore runs each attention with dropout as the CPU's fused kernel
 (`_scaled_dot_product_flash_attention_for_cpu`: the same FLOPs, the same saved output and logsumexp)
-and counts it; the estimator lowers that op to the CUDA kernel. What the trace leaves out: the random
-numbers drawn inside the kernel (a few percent of its time) and the 16-byte seed and offset.
+and counts it; the estimator lowers that op to the CUDA kernel. The forward kernel's record and its
+backward's say that they draw the mask (OpRecord.dropout): the estimator times the random numbers
+(estimate/ops.py, ATTENTION_DROPOUT_INT_OPS_PER_SCORE). What the trace leaves out: the 16-byte seed and
+offset.
 """
 
 from __future__ import annotations
@@ -36,14 +38,25 @@ class FusedAttentionDropout(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
+        self.active = 0
+        """Calls with their dropout taken out that are running now: the fused kernel the tracer records
+        meanwhile draws a dropout mask on a GPU (OpRecord.dropout)."""
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
+        stripped = False
         if func is F.scaled_dot_product_attention:
             if len(args) > _DROPOUT_ARG and args[_DROPOUT_ARG]:
                 args = (*args[:_DROPOUT_ARG], 0.0, *args[_DROPOUT_ARG + 1:])
-                self.calls += 1
+                stripped = True
             elif kwargs.get("dropout_p"):
                 kwargs["dropout_p"] = 0.0
-                self.calls += 1
-        return func(*args, **kwargs)
+                stripped = True
+        if not stripped:
+            return func(*args, **kwargs)
+        self.calls += 1
+        self.active += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.active -= 1

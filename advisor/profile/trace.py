@@ -44,7 +44,7 @@ from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
 from advisor.profile.build import fake_twins, weights_on_meta
-from advisor.profile.costs import ConvGeometry, op_cost
+from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
 from advisor.profile.finite import FiniteActivations
 from advisor.profile.float8 import convert_to_float8
@@ -127,6 +127,8 @@ class OpRecord:
     """(last_use, bytes) of each value the op writes: which op reads it last (dataflow.py)."""
     transposed: int = 0
     """Of a matrix product's operands, how many are not K-major (costs.transposed_operands)."""
+    dropout: bool = False
+    """A fused attention kernel (forward or backward) that draws a dropout mask inside it (attention.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -341,6 +343,10 @@ class _Recorder(TorchDispatchMode):
         self.fake_mode = fake_mode
         self.real: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.data_dependent: dict[str, int] = {}
+        self.attention_dropout: FusedAttentionDropout | None = None
+        """The mode that takes dropout out of attention calls (GPU traces), whose kernels draw masks."""
+        self.dropout_storages: set[int] = set()
+        """Storages of the logsumexps of fused attention calls that draw dropout masks."""
 
     def module(self) -> str:
         """The innermost module by attribute path from the model ("" is the model itself, as fvcore
@@ -393,7 +399,7 @@ class _Recorder(TorchDispatchMode):
             record = OpRecord(self.phase, self.module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args),
-                              transposed=cost.transposed)
+                              transposed=cost.transposed, dropout=self._draws_dropout(func, args, kwargs, out))
             records = [record]
             multi_tensor = record.tensors > 1 or record.op.startswith("_foreach_")
             self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, multi_tensor,
@@ -404,6 +410,24 @@ class _Recorder(TorchDispatchMode):
             self.records.extend(records)
             self.ticks.extend([self.memory.tick] * len(records))
         return out
+
+    def _draws_dropout(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
+        """Whether this fused attention op draws a dropout mask on a GPU: a forward kernel called while
+        attention.FusedAttentionDropout runs a call it took the dropout out of (its logsumexp, the second
+        output, is remembered), or the backward of such a forward (it reads that logsumexp)."""
+        name = func.overloadpacket.__name__
+        if self.attention_dropout is None or not (name in SDPA_KERNELS or name.removesuffix("_backward") in SDPA_KERNELS):
+            return False
+        if name in SDPA_KERNELS:
+            if not self.attention_dropout.active:
+                return False
+            index = self.memory.index_of(out[1]) if isinstance(out, (tuple, list)) and len(out) > 1 else None
+            if index is not None:
+                self.dropout_storages.add(index)
+            return True
+        logsumexp = named_arguments(func, args, kwargs or {}).get("logsumexp")
+        index = self.memory.index_of(logsumexp) if isinstance(logsumexp, torch.Tensor) else None
+        return index is not None and index in self.dropout_storages
 
     def _replicated_dataflow(self, record: OpRecord, records: list[OpRecord]) -> None:
         """The dataflow of `records`, which stand for `record` done again for blocks traced once."""
@@ -794,6 +818,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             memory.open_step("forward")
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
+            recorder.attention_dropout = fused
             finite = FiniteActivations()
             clock = BlockClock(runs, lambda: memory.tick, lambda: tracker.in_backward,
                                lambda: (0 if fused is None else fused.calls, finite.answered))
