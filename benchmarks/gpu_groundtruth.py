@@ -1159,7 +1159,7 @@ class Predictor:
                 calibrated = DeviceModel("dry-run-cpu", "cpu", CalibrationProfile.from_dict(document["profile"]))
             else:  # exactly what the tool uses once calibration.json is installed in measured/
                 profile = reference_profile(gpu, families_with(db, document, gpu_id))
-                calibrated = DeviceModel(gpu.id, "gpu", profile, gpu.sm_count, gpu.architecture, gpu.boost_clock_hz)
+                calibrated = DeviceModel.of_gpu(gpu.id, profile, gpu)
         return cls(db, gpu, target.device, label, calibrated, run.dry)
 
     def trace(self, spec: ModelSpec, key: RowKey) -> StepTrace | str:

@@ -51,6 +51,7 @@ from advisor.estimate.ops import (
     wave_efficiency,
     winograd_eligible,
 )
+from advisor.hardware.specs import GPUSpec
 from advisor.profile.trace import OpRecord, StepTrace
 
 BOUNDS = ("compute", "memory", "overhead")
@@ -75,6 +76,14 @@ class DeviceModel:
 
     def __post_init__(self) -> None:
         assert self.kind in ("gpu", "cpu"), self.kind
+
+    @classmethod
+    def of_gpu(cls, device_id: str, profile: CalibrationProfile, spec: GPUSpec | None,
+               sm_count: int | None = None) -> DeviceModel:
+        """A GPU timed with `profile`: its database entry's SM count (else `sm_count`), architecture and
+        boost clock (None where the GPU is not in the database)."""
+        return cls(device_id, "gpu", profile, spec.sm_count if spec else sm_count,
+                   spec.architecture if spec else None, spec.boost_clock_hz if spec else None)
 
 
 @dataclass(slots=True)
@@ -465,7 +474,7 @@ class _Clock:
     def run(self, records: Sequence[OpRecord]) -> None:
         queued, by_bound, ops = self.queued, self.by_bound, self.ops
         for record in records:
-            key = _kernel_key(record)
+            key = record.anonymous()  # what a kernel's time depends on: the record but its module
             timed = self.kernels.get(key)
             if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
                 timed = self.kernels[key] = (*self.timer.kernel(record),
@@ -535,13 +544,6 @@ def estimate_chunks(chunks: Chunks, precision: str, device: DeviceModel, compile
     total = sum(clock.by_bound.values())
     assert abs(total - clock.device) <= 1e-9 * max(1.0, total), (total, clock.device)
     return StepTime(device.id, clock.device, clock.by_bound, profile.status, profile.device_name, tuple(clock.ops))
-
-
-def _kernel_key(record: OpRecord) -> tuple:
-    """What a kernel's time depends on: the record but its module."""
-    return (record.phase, record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes,
-            record.matmul, record.counted, record.gemm, record.allocated, record.conv, record.tensors,
-            record.transposed, record.dropout)
 
 
 SIMULATED_REPEATS = 4

@@ -51,8 +51,7 @@ class EstimateTarget:
 def database_targets(db: HardwareDB, gpus: Sequence[GPUSpec], families: tuple[Family, ...]) -> list[EstimateTarget]:
     """Each database GPU with its family's reference calibration."""
     return [
-        EstimateTarget(gpu.id, gpu.name, DeviceModel(gpu.id, "gpu", reference_profile(gpu, families), gpu.sm_count,
-                                                       gpu.architecture, gpu.boost_clock_hz),
+        EstimateTarget(gpu.id, gpu.name, DeviceModel.of_gpu(gpu.id, reference_profile(gpu, families), gpu),
                        gpu.memory_bytes, db.memory_overhead(gpu), gpu)
         for gpu in gpus
     ]
@@ -153,10 +152,8 @@ def local_targets(db: HardwareDB, families: tuple[Family, ...], progress: Progre
         local_id = f"local-cuda{index}"
         overhead = db.memory_overhead(spec) if spec else db.memory_overhead_default()
         properties = torch.cuda.get_device_properties(index)
-        sm_count = spec.sm_count if spec else properties.multi_processor_count
-        targets.append(EstimateTarget(local_id, f"this GPU: {target.name}", DeviceModel(local_id, "gpu", local.profile, sm_count,
-                                                                                       spec.architecture if spec else None,
-                                                                                       spec.boost_clock_hz if spec else None),
+        device = DeviceModel.of_gpu(local_id, local.profile, spec, properties.multi_processor_count)
+        targets.append(EstimateTarget(local_id, f"this GPU: {target.name}", device,
                                       properties.total_memory, overhead, spec, True, local.note, local.quality))
     return targets
 

@@ -484,9 +484,8 @@ def _ends_that_differ(located: RunTicks, by_segment: dict[tuple[int, str, int], 
 
 
 def _anonymous(records: Sequence[Any]) -> list[tuple]:
-    """The records as tuples of everything but their module."""
-    return [(r.phase, r.op, r.flops, r.bytes_read, r.bytes_written, r.dtypes, r.matmul, r.counted, r.gemm,
-             r.allocated, r.conv, r.tensors, r.transposed, r.dropout) for r in records]
+    """The records as tuples of everything but their module (OpRecord.anonymous)."""
+    return [r.anonymous() for r in records]
 
 
 # --------------------------------------------------------------------------- memory

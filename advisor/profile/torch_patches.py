@@ -16,11 +16,10 @@ torch.utils._pytree) are used as torch's own FlopCounterMode uses them, not patc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
-
-import sys
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor

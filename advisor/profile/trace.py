@@ -130,6 +130,12 @@ class OpRecord:
     dropout: bool = False
     """A fused attention kernel (forward or backward) that draws a dropout mask inside it (attention.py)."""
 
+    def anonymous(self) -> tuple:
+        """Everything but its module and dataflow, as a tuple: what the op costs depends on, and what a
+        repeated block's copy of it shares (estimate/step.py, repeated.py)."""
+        return (self.phase, self.op, self.flops, self.bytes_read, self.bytes_written, self.dtypes, self.matmul,
+                self.counted, self.gemm, self.allocated, self.conv, self.tensors, self.transposed, self.dropout)
+
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
         del record["reads"], record["writes"]
@@ -416,7 +422,7 @@ class _Recorder(TorchDispatchMode):
         attention.FusedAttentionDropout runs a call it took the dropout out of (its logsumexp, the second
         output, is remembered), or the backward of such a forward (it reads that logsumexp)."""
         name = func.overloadpacket.__name__
-        if self.attention_dropout is None or not (name in SDPA_KERNELS or name.removesuffix("_backward") in SDPA_KERNELS):
+        if self.attention_dropout is None or name.removesuffix("_backward") not in SDPA_KERNELS:
             return False
         if name in SDPA_KERNELS:
             if not self.attention_dropout.active:
