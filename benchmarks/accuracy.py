@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import HELDOUT, available  # noqa: E402
 from newer_rows import FAMILIES, PlanRun, VisionRun, family_name, largest_fitting_batch, read_newer, run_of  # noqa: E402
 from printed import print_report  # noqa: E402
+from published_optimizers import PUBLISHED_OPTIMIZERS  # noqa: E402
 from zoo import ModelParts, cast_model_and_inputs, example, zoo_parts  # noqa: E402
 
 from advisor.app.plan import plan  # noqa: E402
@@ -74,6 +75,7 @@ from advisor.hardware.specs import GPUSpec  # noqa: E402
 from advisor.memory.estimate import DeviceMemory, StepMemory, device_memory  # noqa: E402
 from advisor.parallel.strategy import Layout  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
+    FILE_OPTIMIZER,
     OpRecord,
     StepTrace,
     call_model,
@@ -266,6 +268,10 @@ def measure_cpu_step(case: CPUCase, warm: int = 2, timed: int = 7) -> float:
 def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str, attention: str = "cpu") -> StepTrace:
     """The step traced as the tool traces it for a CPU (`attention` "cpu") or a GPU ("cuda")."""
     build, make_input, loss_fn = parts
+    published = PUBLISHED_OPTIMIZERS.get(optimizer)
+    if published is not None:  # a published script's own optimizer, traced as a model file's optimizer(params)
+        return trace_training_step(build, make_input, batch, precision, FILE_OPTIMIZER, loss_fn, attention=attention,
+                                   build_optimizer=published)
     return trace_training_step(build, make_input, batch, precision, optimizer, loss_fn, attention=attention)
 
 
@@ -343,9 +349,12 @@ def precision_of(row: dict[str, str], architecture: str | None) -> str | None:
 
 def optimizer_of(row: dict[str, str]) -> str | None:
     """The published runs' optimizers: SGD with momentum for the CNNs, Adam(W)/LAMB (element-wise, two
-    moments: timed as Adam) for BERT; ryujaehun times no optimizer step (None)."""
+    moments: timed as Adam) for BERT, but Lambda v0's BERT runs without --fp16, which stepped DLE's BertAdam
+    in a Python loop over the parameters (published_optimizers.py); ryujaehun times no optimizer step (None)."""
     if row["source_id"] == "RYUJAEHUN_BS12":
         return None
+    if row["source_id"] == "LAMBDA_V0" and row["model"].startswith("BERT") and row["precision"] == "FP32":
+        return "dle-bertadam"
     return "adamw" if row["model"].startswith("BERT") else "momentum"
 
 

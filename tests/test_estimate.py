@@ -97,6 +97,25 @@ def test_gpu_queues_kernels_behind_the_host() -> None:
     assert all(op.bound == "overhead" for op in tiny.ops)
 
 
+def test_a_value_read_back_makes_the_host_wait_for_the_device() -> None:
+    device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
+    read = OpRecord("optimizer", "(optimizer)", "_local_scalar_dense", 0.0, 0, 0, ("float32",), False, True,
+                    synchronizes=True)
+    update = add(1000, phase="optimizer")  # 12 kB at 5e10 B/s: 0.24 us of kernel
+    # Without the read: mm's 4 ms kernel starts after its 40 us of host (STEP_HOST_RATIO); the optimizer's
+    # one-tensor ops cost the host the 10 us dispatch each and hide under the kernel: 40 us + 4 ms + 0.24 us.
+    queued = estimate_records([mm(1000, 1000, 1000), update], "fp32", device)
+    assert queued.step_s == pytest.approx(4e-5 + 4e-3 + 0.24e-6)
+    # With it, the host waits until mm is done (4.04 ms), spends 10 us on the read and 10 us on the add,
+    # which the device then waits for: 4.04 ms + 20 us + 0.24 us.
+    synced = estimate_records([mm(1000, 1000, 1000), read, update], "fp32", device)
+    assert synced.step_s == pytest.approx(4e-5 + 4e-3 + 2e-5 + 0.24e-6)
+    assert [op.wait_s for op in synced.ops[1:]] == pytest.approx([1e-5, 1e-5])
+    # On a CPU the host runs every op anyway: a read costs its dispatch, nothing more (10 us each).
+    cpu = DeviceModel("cpu", "cpu", synthetic_profile(dispatch_s=1e-5))
+    assert estimate_records([read], "fp32", cpu).step_s == pytest.approx(1e-5)
+
+
 def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
     # _foreach_mul_ over 100 tensors of 1,000 floats: 800 kB moved at 1e11 x 50% = 16 us of kernel.
     # A CPU runs it tensor by tensor: a profile without a foreach overhead counts 100 x 10 us of host

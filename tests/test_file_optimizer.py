@@ -100,3 +100,37 @@ def test_memory_json_names_the_files_optimizer(tmp_path: Path, capsys: pytest.Ca
     assert out["settings"]["optimizer"] == FILE_OPTIMIZER
     # parameter-count formula for SGD (momentum unknown there): weights 4 B + gradients 4 B = 212 x 8 B
     assert out["parameter_formula_bytes"] == PARAMS * 8
+
+
+CLIPPING_LOOP = MODEL + """
+class ClippingSGD(torch.optim.Optimizer):
+    # a per-parameter loop that reads each gradient's norm back, as torch 1.4-1.9's clip_grad_norm_ did
+    def __init__(self, params):
+        super().__init__(params, dict(lr=0.1))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad.norm().item() > 1.0:
+                    p.grad.mul_(0.5)
+                p.add_(p.grad, alpha=-group["lr"])
+
+def optimizer(params):
+    return ClippingSGD(params)
+"""
+
+
+@pytest.mark.parametrize(("text", "optimizer", "precision", "reads"), [
+    (CLIPPING_LOOP, FILE_OPTIMIZER, "fp32", 4),  # one read per parameter: 2 weights, 2 biases
+    (MODEL, "adam", "fp32", 0),  # Adam reads its step counters, which torch.optim keeps on the host
+    (MODEL, "adam", "amp-fp16", 1),  # GradScaler.step reads its inf check before the optimizer steps
+])
+def test_values_read_back_to_the_host_are_marked(tmp_path: Path, text: str, optimizer: str, precision: str,
+                                                  reads: int) -> None:
+    model_file = load_model_file(write(tmp_path, text))
+    trace = trace_training_step(model_file.build_model, model_file.example_input, 4, precision, optimizer,
+                                build_optimizer=model_file.optimizer)
+    marked = [r for r in trace.records if r.synchronizes]
+    assert len(marked) == reads
+    assert all(r.op == "_local_scalar_dense" and r.phase == "optimizer" for r in marked)

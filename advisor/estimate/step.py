@@ -17,7 +17,9 @@ Per op (seconds):
 
 On a CPU the host runs the op, so the step is the sum of host and kernel times. On a GPU the host
 queues kernels ahead of the device: the device starts an op when the previous one is done and the
-host has issued it, so a step of many small ops waits on the host (overhead-bound).
+host has issued it, so a step of many small ops waits on the host (overhead-bound). A value read back
+to the host (OpRecord.synchronizes: `.item()`, a tensor in an `if`) stops the host until the device has
+run its queue; the device then waits for the host to issue what follows.
 """
 
 from __future__ import annotations
@@ -369,8 +371,14 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
     `foreach` overhead (issue #20: 100 one-element tensors took 136 us in `_foreach_mul_` here, 1.36 us
     each, where one `mul_` took 1.8 us; profiles without it count a dispatch). A GPU's
     multi_tensor_apply fuses the list into a few launches. On a GPU an eager step's op costs the host
-    STEP_HOST_RATIO (cuDNN's: CONV_STEP_HOST_RATIO) times the calibrated autograd overhead, whatever its phase."""
+    STEP_HOST_RATIO (cuDNN's: CONV_STEP_HOST_RATIO) times the calibrated autograd overhead, whatever its
+    phase, but for an optimizer's op on one tensor: an optimizer that loops over its parameters in Python
+    (DeepLearningExamples' BertAdam, a model file's own) issues plain ops under no_grad one after the
+    other, as the calibration's dispatch loop does, with no module call, autograd node or library call of
+    the step's ratio: the calibrated dispatch overhead."""
     if not cpu and not compiled:
+        if record.phase == "optimizer" and record.tensors <= 1 and not record.op.startswith("_foreach_"):
+            return overheads.get("dispatch", 0.0)
         base = overheads.get("autograd", overheads.get("dispatch", 0.0))
         return base * (CONV_STEP_HOST_RATIO if record.op in CUDNN_OPS else STEP_HOST_RATIO)
     key = "dispatch" if record.phase == "optimizer" or compiled else "autograd"
@@ -484,6 +492,8 @@ class _Clock:
             kernel = max(compute, traffic) + faults + layout
             memory = traffic + faults + layout  # page faults and layout transposes are memory time
             if queued:
+                if record.synchronizes:  # the host reads a value back: it waits for the device's queue
+                    self.host = max(self.host, self.device)
                 self.host += host
                 wait = max(0.0, self.host - self.device)
                 self.device += wait + kernel

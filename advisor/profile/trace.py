@@ -129,12 +129,17 @@ class OpRecord:
     """Of a matrix product's operands, how many are not K-major (costs.transposed_operands)."""
     dropout: bool = False
     """A fused attention kernel (forward or backward) that draws a dropout mask inside it (attention.py)."""
+    synchronizes: bool = False
+    """A value read back from the device (`.item()`, a tensor in an `if`): on a GPU the host waits here until
+    the device has run everything issued before (estimate/step.py). Step counters torch.optim keeps on the
+    host read back without a wait and are not recorded."""
 
     def anonymous(self) -> tuple:
         """Everything but its module and dataflow, as a tuple: what the op costs depends on, and what a
         repeated block's copy of it shares (estimate/step.py, repeated.py)."""
         return (self.phase, self.op, self.flops, self.bytes_read, self.bytes_written, self.dtypes, self.matmul,
-                self.counted, self.gemm, self.allocated, self.conv, self.tensors, self.transposed, self.dropout)
+                self.counted, self.gemm, self.allocated, self.conv, self.tensors, self.transposed, self.dropout,
+                self.synchronizes)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -353,6 +358,9 @@ class _Recorder(TorchDispatchMode):
         """The mode that takes dropout out of attention calls (GPU traces), whose kernels draw masks."""
         self.dropout_storages: set[int] = set()
         """Storages of the logsumexps of fused attention calls that draw dropout masks."""
+        self.host_scalars: set[int] = set()
+        """ids of the optimizer's step counters: torch.optim keeps them on the host (unless capturable or
+        fused), so reading them back (Adam's bias correction) waits for nothing."""
 
     def module(self) -> str:
         """The innermost module by attribute path from the model ("" is the model itself, as fvcore
@@ -378,7 +386,7 @@ class _Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
             if self.phase == "optimizer" and func.overloadpacket.__name__ == SCALAR_ITEM:
-                return _stand_in_scalar(args[0])
+                return self._record(func, args, kwargs, _stand_in_scalar(args[0]), first_storage)
             shaped = SHAPE_KERNELS.get(func.overloadpacket)
             if shaped is not None:  # outputs from shapes alone (shapes.py); the memory tracker sees them made
                 return self._record(func, args, kwargs, shaped(args, kwargs), first_storage)
@@ -401,11 +409,13 @@ class _Recorder(TorchDispatchMode):
             cost = op_cost(func, args, kwargs, out)
         except Exception as exc:
             raise _CostFormulaError(f"cost formula of {func} failed: {exc!r}") from exc
-        if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted:
+        synchronizes = self._reads_back(func, args)
+        if cost.flops or cost.bytes_read or cost.bytes_written or not cost.counted or synchronizes:
             record = OpRecord(self.phase, self.module(), func.overloadpacket.__name__, cost.flops, cost.bytes_read,
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args),
-                              transposed=cost.transposed, dropout=self._draws_dropout(func, args, kwargs, out))
+                              transposed=cost.transposed, dropout=self._draws_dropout(func, args, kwargs, out),
+                              synchronizes=synchronizes)
             records = [record]
             multi_tensor = record.tensors > 1 or record.op.startswith("_foreach_")
             self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, multi_tensor,
@@ -416,6 +426,11 @@ class _Recorder(TorchDispatchMode):
             self.records.extend(records)
             self.ticks.extend([self.memory.tick] * len(records))
         return out
+
+    def _reads_back(self, func: Any, args: tuple) -> bool:
+        """Whether this op reads a value back to the host from the device (`.item()`, `if tensor:`), which
+        makes the host wait for it: any scalar read but of the optimizer's host-side step counters."""
+        return func.overloadpacket.__name__ == SCALAR_ITEM and bool(args) and id(args[0]) not in self.host_scalars
 
     def _draws_dropout(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
         """Whether this fused attention op draws a dropout mask on a GPU: a forward kernel called while
@@ -817,6 +832,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             with _optimizer_code(setup, "the optimizer's first step"):
                 _create_optimizer_state(opt, stepped, keep_gradients=setup.accumulate_gradients, fake=not real)
             recorder.first_step_aliases = False
+            recorder.host_scalars = _step_counters(opt)
             if replicate_optimizer:
                 _state_alike(runs, opt, memory, setup.accumulate_gradients)
             _label_step_state(memory, model, opt, inputs, stepped, setup.accumulate_gradients)
@@ -850,6 +866,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             recorder.phase = "optimizer"
             if scaler is not None:
                 scaler.unscale(params)
+                scaler.check()
             with _optimizer_code(setup, "the optimizer's step"):
                 opt.step()
             if scaler is not None:
@@ -1102,6 +1119,13 @@ def _create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.nn.Pa
         opt.zero_grad(set_to_none=True)
 
 
+def _step_counters(opt: torch.optim.Optimizer) -> set[int]:
+    """ids of the optimizer's step counters: the 0-dim `step` tensors of torch.optim's state, which it keeps
+    on the host (a capturable or fused optimizer keeps them on the device, but reads none back)."""
+    return {id(state["step"]) for state in opt.state.values()
+            if isinstance(state.get("step"), torch.Tensor) and state["step"].dim() == 0}
+
+
 def _label_step_state(memory: LiveMemoryTracker, model: torch.nn.Module, opt: torch.optim.Optimizer,
                       inputs: Any, params: list[torch.nn.Parameter], keep_gradients: bool) -> None:
     """Tell the memory tracker the role of what exists when the step starts."""
@@ -1114,8 +1138,9 @@ def _label_step_state(memory: LiveMemoryTracker, model: torch.nn.Module, opt: to
 
 class _GradScalerOps:
     """The ops torch.amp.GradScaler runs in an amp-fp16 step: scale the loss, unscale the gradients
-    and check them for inf/NaN in one foreach kernel, update the scale. (GradScaler itself reads
-    `found_inf.item()`, which fake tensors cannot answer; the ops and memory are the same.)"""
+    and check them for inf/NaN in one foreach kernel, read the check back to the host (GradScaler.step
+    skips the optimizer's step on inf: `found_inf.item()`, a wait for the device), update the scale. Fake
+    tensors cannot answer the check: the optimizer steps, as it does on every step without inf."""
 
     def __init__(self) -> None:
         self.scale_tensor = torch.full((), GRAD_SCALER_INIT_SCALE, dtype=torch.float32)
@@ -1131,6 +1156,10 @@ class _GradScalerOps:
         for dtype in {g.dtype for g in grads}:
             torch._amp_foreach_non_finite_check_and_unscale_([g for g in grads if g.dtype == dtype],
                                                              self.found_inf, inverse)
+
+    def check(self) -> None:
+        """GradScaler.step's read of the inf check before it lets the optimizer step."""
+        self.found_inf.item()
 
     def update(self) -> None:
         torch._amp_update_scale_(self.scale_tensor, self.growth_tracker, self.found_inf, 2.0, 0.5, 2000)
