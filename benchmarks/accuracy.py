@@ -533,7 +533,8 @@ def data_parallel_s(published: Published, p: Predicted, gpus: int) -> tuple[floa
     if through_host:
         machines = replace(machines, node_link=through_host[0])
     layout = Layout("ddp", gpus, gpus)
-    comm = communication(step_collectives(layout, Sharding.of_trace(p.trace), 1), machines, p.step, 1)
+    comm = communication(step_collectives(layout, Sharding.of_trace(p.trace), 1), machines, p.step, 1,
+                         p.gpu.sm_count)
     return sharded_step(p.step, layout, comm).step_s, comm
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.estimate.parallel import Machines, communication, machines_for
+from advisor.estimate.parallel import Machines, communication, contention_share, machines_for
 from advisor.estimate.step import OpTime, StepTime
 from advisor.hardware.loader import load_hwdb
 from advisor.parallel.strategy import Layout, Units, collectives, ddp_buckets, per_rank_memory
@@ -87,3 +87,29 @@ def test_ddp_communication_hides_behind_the_backward_but_for_the_last_bucket(db)
     assert fast.exposed_s == pytest.approx(fast.time_s - 0.002)
     # 1 GB all-reduced over 8 ranks: 2 x 7/8 GB = 1.75 GB each rank sends
     assert slow.wire_bytes == pytest.approx(1.75e9)
+
+
+def test_hidden_communication_slows_the_compute_by_the_sms_nccl_holds(db) -> None:
+    machines = machines_for(db, db.gpu("a100-sxm4-80gb"), 8)
+    assert isinstance(machines, Machines)
+    found = collectives(Layout("ddp", 8, 8), Units((), (), 1), 1e9, 1e9)
+    alone = communication(found, machines, _step(0.1, 1.0), 1)
+    shared = communication(found, machines, _step(0.1, 1.0), 1, sm_count=108)
+    # NVLink 3 over NVSwitch: peak busbw ~236 GB/s takes ceil(236 / (370 / 24)) = 16 channels of 108 SMs;
+    # the hidden part (all but the exposed last bucket) runs beside the backward, which loses 16/108 of them
+    share = contention_share(machines.node_link, 108)
+    assert share == pytest.approx(16 / 108)
+    assert alone.contention_s == 0.0 and shared.exposed_s == pytest.approx(alone.exposed_s)
+    assert shared.contention_s == pytest.approx((shared.time_s - shared.exposed_s) * share)
+    # a backward too short to hide anything: nothing runs beside the compute, nothing slows it
+    nothing_hidden = communication(found, machines, _step(0.0, 0.0), 1, sm_count=108)
+    assert nothing_hidden.exposed_s == pytest.approx(nothing_hidden.time_s) and nothing_hidden.contention_s == 0.0
+
+
+def test_the_channel_bandwidth_is_the_measured_links(db) -> None:
+    # NCCL_CHANNEL_BYTES_PER_S is nvlink4-nvswitch's 370 GB/s large-message busbw over its 24 measured channels
+    from advisor.estimate.parallel import NCCL_CHANNEL_BYTES_PER_S
+    link = next(i for i in db.interconnects if i.id == "nvlink4-nvswitch")
+    assert link.nccl_channels == 24
+    assert NCCL_CHANNEL_BYTES_PER_S * link.nccl_channels == pytest.approx(max(b for _, b in link.busbw_points))
+    assert contention_share(link, 132) == pytest.approx(24 / 132)

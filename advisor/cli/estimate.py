@@ -273,7 +273,8 @@ def _calibration_line(estimate: Estimate) -> str:
     measured = [r.id for r in estimate.results if r.target.calibration == "measured"]
     parts = []
     if defaults:
-        parts.append(f"{defaults} devices use the documented default calibration of their GPU family "
+        parts.append(f"{defaults} {'device uses' if defaults == 1 else 'devices use'} the documented default "
+                     "calibration of their GPU family "
                      "(`advisor calibrate --references`; no measurement of that GPU)")
     if measured:
         parts.append(f"measured: {', '.join(measured)}")

@@ -7,8 +7,10 @@ Overlap (decisions): DDP's bucket all-reduces and FSDP's backward gathers and re
 behind the last micro-batch's backward, FSDP's forward gathers behind the forward (each phase hides at
 most its compute, and the largest single collective of a phase is never hidden: the first gather, the
 last bucket); the root's gathers and reduce-scatter and ZeRO-1's parameter broadcast are not hidden.
-A sharded optimizer steps its shard: the optimizer phase takes 1 / shards of its one-GPU time. The
-slowdown of compute that shares the GPU with communication kernels is not modelled yet.
+A sharded optimizer steps its shard: the optimizer phase takes 1 / shards of its one-GPU time. Compute
+that runs beside a hidden collective shares the GPU with it: NCCL runs each of its channels as a thread
+block that holds one SM for the collective's length, so the compute loses that share of the SMs while it
+runs (contention_share), and the step grows by the hidden time x that share (Communication.contention_s).
 """
 
 from __future__ import annotations
@@ -42,7 +44,14 @@ from advisor.profile.choices import precision_of
 from advisor.profile.trace import StepTrace
 
 COMMUNICATION_BOUND = "communication"
-"""The part of StepTime.by_bound a rank spends waiting for collectives the compute did not hide."""
+"""The part of StepTime.by_bound a rank spends on communication: waiting for collectives the compute did
+not hide, and the compute slowed by the ones it did."""
+
+NCCL_CHANNEL_BYTES_PER_S = 370e9 / 24
+"""Bus bandwidth one NCCL channel (one thread block, on one SM while the collective runs) carries: hwdb's
+nvlink4-nvswitch, 8 H100 SXMs over NVSwitch at about 370 GB/s of all-reduce bus bandwidth (source I-NCCLT212),
+where FSDP's all-gather ran 24 channels (its `nccl_channels`, I-NVFORUM-OVERLAP). NCCL sizes its channels to
+the link (I-NCCL986): a link without a measured count of peak bus bandwidth B takes about B / this."""
 
 MAX_NODE_GPUS = 8
 """GPUs one machine holds where no offer says (an 8-GPU server)."""
@@ -108,10 +117,13 @@ class Communication:
     """The part of time_s the step waits for (added to the step)."""
     links: tuple[str, ...]
     calls: int
+    contention_s: float = 0.0
+    """Time the compute loses to the collectives it hides (NCCL's channels hold SMs): added to the step."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"bytes_per_step": self.bytes_per_step, "wire_bytes": self.wire_bytes, "time_s": self.time_s,
-                "exposed_s": self.exposed_s, "links": list(self.links), "calls": self.calls}
+                "exposed_s": self.exposed_s, "links": list(self.links), "calls": self.calls,
+                "contention_s": self.contention_s}
 
 
 @dataclass(frozen=True)
@@ -394,8 +406,23 @@ def step_collectives(layout: Layout, sharding: Sharding, micro_batches: int) -> 
                        micro_batches, sharding.buffer_bytes)
 
 
-def communication(found: list[Collective], machines: Machines, step: StepTime, micro_batches: int) -> Communication:
-    """Time `found` (step_collectives) on `machines`' links and what `step`'s compute hides of it."""
+def contention_share(link: Interconnect, sm_count: int | None) -> float:
+    """Share of a GPU's `sm_count` SMs that NCCL's channels hold while a collective over `link` runs: the
+    link's measured `nccl_channels`, else one per NCCL_CHANNEL_BYTES_PER_S of its peak bus bandwidth, at least
+    one (0 where the SMs are unknown).
+
+    # a link of 200 GB/s peak busbw: ceil(200e9 / (370e9 / 24)) = 13 channels of an A100's 108 SMs: 12.0%
+    """
+    if not sm_count:
+        return 0.0
+    channels = link.nccl_channels or math.ceil(fitted_curve(link).peak_bytes_per_s / NCCL_CHANNEL_BYTES_PER_S)
+    return min(max(channels, 1), sm_count) / sm_count
+
+
+def communication(found: list[Collective], machines: Machines, step: StepTime, micro_batches: int,
+                  sm_count: int | None = None) -> Communication:
+    """Time `found` (step_collectives) on `machines`' links, what `step`'s compute hides of it, and what the
+    hidden part costs the compute on a GPU of `sm_count` SMs (contention_share; none where not given)."""
     links = {"node": machines.node_link, "network": machines.network or machines.node_link}
     assert machines.nodes == 1 or machines.network is not None, "several machines need a network"
     phase_s = {"forward": 0.0, "backward": 0.0}
@@ -404,8 +431,9 @@ def communication(found: list[Collective], machines: Machines, step: StepTime, m
             phase_s[op.phase] += op.kernel_s + op.wait_s
     window = {"forward": phase_s["forward"] / micro_batches, "backward": phase_s["backward"] / micro_batches}
     hidden_total = {"forward": 0.0, "backward": 0.0}
+    held = {"forward": 0.0, "backward": 0.0}  # hidden seconds x the share of SMs they hold
     largest = {"forward": 0.0, "backward": 0.0}
-    total = exposed = 0.0
+    total = exposed = contention = 0.0
     for c in found:
         curve = fitted_curve(links[c.scope])
         one = collective_s(c.kind, c.message_bytes, c.ranks, curve)
@@ -414,18 +442,22 @@ def communication(found: list[Collective], machines: Machines, step: StepTime, m
             exposed += one * c.count
         else:
             hidden_total[c.hidden_behind] += one * c.count
+            held[c.hidden_behind] += one * c.count * contention_share(links[c.scope], sm_count)
             largest[c.hidden_behind] = max(largest[c.hidden_behind], one)
     for phase, seconds in hidden_total.items():
         if seconds > 0:
-            exposed += max(seconds - window[phase], largest[phase])
+            late = max(seconds - window[phase], largest[phase])
+            exposed += late
+            contention += held[phase] * (1 - late / seconds)  # only what ran beside the compute slows it
     used = tuple(dict.fromkeys(links[c.scope].id for c in found))
     return Communication(sum(c.total_bytes for c in found),
                          sum(bus_bytes(c.kind, c.message_bytes, c.ranks) * c.count for c in found),
-                         total, exposed, used, sum(c.count for c in found))
+                         total, exposed, used, sum(c.count for c in found), contention)
 
 
 def sharded_step(step: StepTime, layout: Layout, comm: Communication) -> StepTime:
-    """`step` (one rank's compute) with its optimizer on its shard and the exposed communication added."""
+    """`step` (one rank's compute) with its optimizer on its shard, and the exposed communication and the
+    compute's slowdown beside the hidden one added."""
     by_bound = dict(step.by_bound)
     saved = 0.0
     if layout.strategy != "ddp" and layout.shards > 1:
@@ -434,8 +466,8 @@ def sharded_step(step: StepTime, layout: Layout, comm: Communication) -> StepTim
                 cut = (op.kernel_s + op.wait_s) * (1 - 1 / layout.shards)
                 by_bound[op.bound] = by_bound.get(op.bound, 0.0) - cut
                 saved += cut
-    by_bound[COMMUNICATION_BOUND] = comm.exposed_s
-    return replace(step, step_s=step.step_s - saved + comm.exposed_s, by_bound=by_bound)
+    by_bound[COMMUNICATION_BOUND] = comm.exposed_s + comm.contention_s
+    return replace(step, step_s=step.step_s - saved + comm.exposed_s + comm.contention_s, by_bound=by_bound)
 
 
 def sharded_memory(layouts: LayoutMemory, db: HardwareDB, gpus: Sequence[GPUSpec], num_gpus: int, parallel: str,

@@ -93,7 +93,7 @@ HOST_CPU_OPTIONAL = ("match", "cpuid_family", "pcie_gen", "notes")
 HOST_LINK_REQUIRED = ("id", "host_to_device_gbps", "sources")
 HOST_LINK_OPTIONAL = ("pcie_gen", "lanes", "notes")
 INTERCONNECT_REQUIRED = ("id", "name", "scope", "busbw_gbps_by_message_mib", "sources")
-INTERCONNECT_OPTIONAL = ("half_bandwidth_mib", "communicator_mib", "notes")
+INTERCONNECT_OPTIONAL = ("half_bandwidth_mib", "communicator_mib", "nccl_channels", "notes")
 INTERCONNECT_SCOPES = ("node", "network")
 MIN_FITTED_POINTS = 2
 """Measured message sizes that fix an interconnect's curve without half_bandwidth_mib."""
@@ -134,6 +134,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "half_bandwidth_mib": (0, 1_048_576),
     "cuda_context_mib": (0, 65_536),
     "communicator_mib": (0, 65_536),
+    "nccl_channels": (1, 1024),
     "cublas_workspace_mib": (0, 65_536),
     "electricity_usd_per_kwh": (0, 10),
 }
@@ -657,9 +658,18 @@ def _build_interconnect(path: Path, label: str, raw: dict[str, Any], source_ids:
         half_bandwidth_bytes=half,
         communicator_bytes=_optional(raw, "communicator_mib",
                                      lambda v: int(_as_number(path, label, "communicator_mib", v) * units.MIB)),
+        nccl_channels=_optional(raw, "nccl_channels", lambda v: _positive_int(path, label, "nccl_channels", v)),
         sources=_check_sources(path, label, raw, source_ids),
         notes=_optional(raw, "notes", lambda v: _as_str(path, label, "notes", v)),
     )
+
+
+def _positive_int(path: Path, label: str, key: str, value: Any) -> int:
+    """`value` as a whole number of at least 1, or an HwdbError naming the file, entry and key."""
+    number = _as_number(path, label, key, value)
+    if number < 1 or number != int(number):
+        raise HwdbError(path, f"must be a whole number of at least 1, got {value!r}", entry=label, key=key)
+    return int(number)
 
 
 def _build_host_link(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]) -> HostLink:

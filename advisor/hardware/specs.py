@@ -289,6 +289,9 @@ class Interconnect:
     communicator_bytes: int | None = None
     """Device memory NCCL's communicator takes on each GPU over this link (its channels' FIFO buffers,
     outside torch's allocator), where measured."""
+    nccl_channels: int | None = None
+    """Thread blocks (one SM each, for the collective's length) NCCL's collectives run with over this link,
+    where measured (estimate.parallel.contention_share)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

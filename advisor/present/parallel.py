@@ -35,13 +35,16 @@ def gpus_cell(result: DeviceEstimate) -> str:
 def parallel_line(result: DeviceEstimate) -> str | None:
     """How a multi-GPU job runs and what its communication costs (None on one GPU):
     "8 GPUs (1 node, nvlink4-nvswitch), zero2 (the fastest that fits; ...): 53.9 GB of collectives per
-    step, 140 ms, 9.5 ms of it not hidden; scaling efficiency 92%; per GPU batch 1, global 8"."""
+    step, 140 ms, 9.5 ms of it not hidden, the compute beside the rest 24 ms slower (NCCL holds SMs); scaling
+    efficiency 92%; per GPU batch 1, global 8"."""
     scaling = result.scaling
     if scaling is None:
         return None
     comm = scaling.communication
     line = (f"{scaling.describe()} ({scaling.reason}): {si(comm.bytes_per_step, 'B')} of collectives per step, "
             f"{duration(comm.time_s)}, {duration(comm.exposed_s)} of it not hidden by compute")
+    if comm.contention_s > 0:
+        line += f", the compute beside the rest {duration(comm.contention_s)} slower (NCCL holds SMs)"
     efficiency = result.scaling_efficiency
     if result.fits and efficiency is not None:
         line += f"; scaling efficiency {efficiency:.0%}"

@@ -313,7 +313,8 @@ def _assumptions(estimate: Estimate) -> list[str]:
         f"({estimate.electricity_usd_per_kwh:.2f} USD/kWh).",
     ]
     if defaults:
-        lines.append(f"{defaults} devices use the documented default calibration of their GPU family (no "
+        lines.append(f"{defaults} {'device uses' if defaults == 1 else 'devices use'} the documented default "
+                     "calibration of their GPU family (no "
                      "measurement of that GPU): expect larger errors there.")
     if measured:
         lines.append(f"Measured calibration: {', '.join(measured)}.")
