@@ -358,6 +358,18 @@ def optimizer_of(row: dict[str, str]) -> str | None:
     return "adamw" if row["model"].startswith("BERT") else "momentum"
 
 
+LOOP_READS_BACK = frozenset({"LAMBDA_V0", "RYUJAEHUN_BS12", "HF_PERF_TRAIN_GPU_ONE"})
+"""Sources whose training loop reads a value back to the host every step, so the host cannot run ahead into
+the next step: ryujaehun's benchmark calls torch.cuda.synchronize() before and after each timed step;
+DeepLearningExamples' scripts as Lambda v0 ran them log every step (run_squad.py's `final_loss =
+loss.item()`, the ConvNets' `--print-freq 1`); Hugging Face's Trainer tests `torch.isnan(loss)` in an `if`
+after each backward (logging_nan_inf_filter, on by default). Timed as one read back at the step's end."""
+
+LOOP_READ_BACK = OpRecord("optimizer", "(loop)", "_local_scalar_dense", 0.0, 0, 0, ("float32",), False, True,
+                          synchronizes=True)
+"""The loop's read back (`loss.item()`): no kernel; the host waits for the device's queue."""
+
+
 CHANNELS_LAST_SOURCES = frozenset({"NV_DLE_RN50", "NV_DLE_RNXT101", "NV_DLE_SERNXT101"})
 
 
@@ -454,7 +466,7 @@ class Published:
         case = Case(zoo_name, size_of(row), int(row["batch_size_per_gpu"]), precision, optimizer_of(row),
                     channels_last_of(row))
         return self.predict_case(case, gpu, f"{row['source_id']}: {zoo_name} b{case.batch} {row['precision'][:9]} "
-                                            f"on {gpu.id}")
+                                            f"on {gpu.id}", row["source_id"] in LOOP_READS_BACK)
 
     def trace(self, case: Case) -> StepTrace | str:
         """The case's step traced as for a GPU (once per case), or why it cannot be built here."""
@@ -475,12 +487,15 @@ class Published:
         target = database_targets(self.db, [gpu], self.families)[0]
         return device_memory(StepMemory.of_trace(trace), target, target.memory_overhead)
 
-    def predict_case(self, case: Case, gpu: GPUSpec, label: str) -> Predicted | str:
-        """The case timed on `gpu`, with its memory and the bare roofline; or why it is skipped."""
+    def predict_case(self, case: Case, gpu: GPUSpec, label: str, loop_reads_back: bool = False) -> Predicted | str:
+        """The case timed on `gpu`, with its memory and the bare roofline; or why it is skipped.
+        `loop_reads_back`: the source's loop reads a value back every step (LOOP_READS_BACK)."""
         trace, memory = self.trace(case), self.memory(case, gpu)
         if isinstance(trace, str) or isinstance(memory, str):
             return str(trace if isinstance(trace, str) else memory)
         records = [r for r in trace.records if case.optimizer is not None or r.phase != "optimizer"]
+        if loop_reads_back:
+            records.append(LOOP_READ_BACK)
         target = database_targets(self.db, [gpu], self.families)[0]
         step = estimate_records(records, case.precision, target.device)
         bare = bare_roofline_seconds(records, case.precision, gpu_peaks(gpu).flops, gpu.bandwidth_bytes_per_s,
