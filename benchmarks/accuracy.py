@@ -67,7 +67,7 @@ from advisor.estimate.parallel import (  # noqa: E402
     sharded_step,
     step_collectives,
 )
-from advisor.estimate.step import StepTime, estimate_records  # noqa: E402
+from advisor.estimate.step import LOOP_READ_BACK, StepTime, estimate_records  # noqa: E402
 from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
 from advisor.errors import UserError  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
@@ -363,12 +363,8 @@ LOOP_READS_BACK = frozenset({"LAMBDA_V0", "RYUJAEHUN_BS12", "HF_PERF_TRAIN_GPU_O
 the next step: ryujaehun's benchmark calls torch.cuda.synchronize() before and after each timed step;
 DeepLearningExamples' scripts as Lambda v0 ran them log every step (run_squad.py's `final_loss =
 loss.item()`, the ConvNets' `--print-freq 1`); Hugging Face's Trainer tests `torch.isnan(loss)` in an `if`
-after each backward (logging_nan_inf_filter, on by default). Timed as one read back at the step's end."""
-
-LOOP_READ_BACK = OpRecord("optimizer", "(loop)", "_local_scalar_dense", 0.0, 0, 0, ("float32",), False, True,
-                          synchronizes=True)
-"""The loop's read back (`loss.item()`): no kernel; the host waits for the device's queue."""
-
+after each backward (logging_nan_inf_filter, on by default). Timed as one read back at the step's end
+(step.LOOP_READ_BACK, what --sync-each-step adds)."""
 
 CHANNELS_LAST_SOURCES = frozenset({"NV_DLE_RN50", "NV_DLE_RNXT101", "NV_DLE_SERNXT101"})
 

@@ -134,3 +134,18 @@ def test_views_of_one_storage_are_different_values() -> None:
     q, k = [r for r in trace.records if r.phase == "forward" and r.op in ("mul", "add") and r.module == ""][:2]
     assert q.reads[0][1] == k.reads[0][1] == 128 and {q.reads[0][2], k.reads[0][2]} == {0, 32}
     assert forward[1].bytes_read == 2 * 128
+
+
+def test_sync_each_step_reaches_settings_and_slows_a_host_bound_step(capsys) -> None:
+    import json
+
+    assert main(["estimate", "mlp", "--gpu", "h100-sxm", "--json", "--no-input-pipeline", "--plans", "never"]) == 0
+    ahead = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "mlp", "--gpu", "h100-sxm", "--json", "--no-input-pipeline", "--plans", "never",
+                 "--sync-each-step"]) == 0
+    synced = json.loads(capsys.readouterr().out)
+    assert (ahead["settings"]["sync_each_step"], synced["settings"]["sync_each_step"]) == (False, True)
+    # the MLP's step is host-bound on an H100: running ahead it takes the host's time; reading back at its
+    # end, the next step's first kernels wait for the host as well, and the last for the whole step
+    ahead_s, synced_s = ahead["results"][0]["step_time_s"], synced["results"][0]["step_time_s"]
+    assert ahead_s < synced_s < 1.5 * ahead_s

@@ -455,6 +455,7 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "optimizer": ("sgd", "optimizer", "sgd"),
     "checkpointing": (True, "checkpointing", True),
     "compiled": (True, "compiled", True),
+    "sync_each_step": (True, "sync_each_step", True),
     "micro_batch": ("16", "micro_batch", 16),
     "cuda_context_mib": ("1300", "cuda_context_mib", 1300.0),
     "trace_timeout_s": ("60", "trace_timeout_s", 60.0),

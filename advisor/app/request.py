@@ -64,6 +64,8 @@ class PlanRequest:
     """Activation checkpointing of the model's repeated blocks."""
     compiled: bool = False
     """The step as torch.compile runs it: fused kernels (estimate/fusion.py)."""
+    sync_each_step: bool = False
+    """The training loop reads a value back every step (`loss.item()` for a log): the host cannot run ahead."""
     micro_batch: int | None = None
     """Samples per forward/backward (gradient accumulation up to batch_size)."""
     cuda_context_mib: float | None = None
@@ -249,7 +251,7 @@ class PlanRequest:
 
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
                                 self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu,
-                                self.num_gpus, self.parallel, self.compiled, self.tp)
+                                self.num_gpus, self.parallel, self.compiled, self.tp, self.sync_each_step)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""

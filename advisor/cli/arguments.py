@@ -215,6 +215,10 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="time the step as torch.compile runs it: the ops between matrix products, "
                              "convolutions and attention fused into generated kernels (memory as eager)")
+    parser.add_argument("--sync-each-step", action="store_true",
+                        help="the training loop reads a value back from the GPU every step (loss.item() for a "
+                             "log or progress bar, Hugging Face Trainer's NaN check): the host cannot issue the "
+                             "next step while the GPU runs this one")
     parser.add_argument("--local", action="store_true",
                         help="add this machine's devices (local-cpu, local-cudaN), timed from the local calibration "
                              "(a quick one is measured and cached when none is)")
@@ -261,6 +265,7 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
     return PlanRequest(
         model=args.model, batch_size=args.batch_size, precision=args.precision, optimizer=args.optimizer,
         checkpointing=getattr(args, "checkpointing", False), compiled=getattr(args, "compile", False),
+        sync_each_step=getattr(args, "sync_each_step", False),
         micro_batch=getattr(args, "micro_batch", None),
         cuda_context_mib=context, trace_timeout_s=args.trace_timeout, gpus=tuple(unique(getattr(args, "gpu", []))),
         local=getattr(args, "local", False), samples=getattr(args, "samples", None),

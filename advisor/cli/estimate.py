@@ -194,6 +194,8 @@ def _header(estimate: Estimate) -> list[str]:
     options = ", activation checkpointing" if memory.checkpointing else ""
     if settings.compiled:
         options += ", torch.compile"
+    if settings.sync_each_step:
+        options += ", the loop reads a value back each step"
     if trace.adapted:
         options += f", {trace.adapted}"
     assumed = f" ({'; '.join(settings.assumptions)})" if settings.assumptions else ""

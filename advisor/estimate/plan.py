@@ -34,7 +34,14 @@ from advisor.estimate.parallel import (
     strategies_for,
     tensor_degree,
 )
-from advisor.estimate.step import Chunks, StepTime, chunks_of, estimate_accumulated, estimate_chunks
+from advisor.estimate.step import (
+    LOOP_READ_BACK,
+    Chunks,
+    StepTime,
+    chunks_of,
+    estimate_accumulated,
+    estimate_chunks,
+)
 from advisor.errors import UserError
 from advisor.estimate.targets import EstimateTarget
 from advisor.hardware.specs import HardwareDB
@@ -261,6 +268,8 @@ class EstimateSettings:
     compiled: bool = False
     """The step as torch.compile runs it: pointwise ops fused between library kernels (fusion.py)."""
     tp: int | None = None
+    sync_each_step: bool = False
+    """The training loop reads a value back every step (step.LOOP_READ_BACK): the host cannot run ahead."""
     """Tensor-parallel degree (--tp; None: every GPU of a machine under --parallel tp, else 1)."""
 
     @property
@@ -290,6 +299,7 @@ class EstimateSettings:
             "parallel": self.parallel,
             "tp": self.tp,
             "compile": self.compiled,
+            "sync_each_step": self.sync_each_step,
             "lora": adaptation.lora_rank,
             "lora_targets": list(adaptation.lora_targets),
             "base_weights": adaptation.base_weights,
@@ -415,12 +425,13 @@ def step_time(trace: StepTrace, settings: EstimateSettings, target: EstimateTarg
     trace's chunks as CUDA runs them (step.chunks_of, fused where settings.compiled), made once for many
     GPUs."""
     records, memory, compiled = trace.records, settings.memory, settings.compiled
+    loop = [LOOP_READ_BACK] if settings.sync_each_step else []
     if not memory.accumulate_gradients:
         gpu = target.device.kind == "gpu"
         chunks = lowered if lowered is not None and gpu else chunks_of(records, trace.repeats, gpu, compiled)
-        return estimate_chunks(chunks, trace.precision, target.device, compiled)
+        return estimate_chunks([*chunks, (loop, 1)] if loop else chunks, trace.precision, target.device, compiled)
     micro = [r for r in records if r.phase != "optimizer"]
-    optimizer = [r for r in records if r.phase == "optimizer"]
+    optimizer = [r for r in records if r.phase == "optimizer"] + loop
     return estimate_accumulated(micro, optimizer, memory.accumulation_steps, trace.precision, target.device,
                                 compiled)
 

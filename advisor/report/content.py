@@ -239,6 +239,8 @@ def _settings_lines(estimate: Estimate) -> tuple[tuple[str, str], ...]:
         ("Optimizer", memory.optimizer),
         ("Activation checkpointing", "yes" if memory.checkpointing else "no"),
         ("torch.compile", "yes: pointwise ops fused between library kernels" if settings.compiled else "no (eager)"),
+        ("Training loop", "reads a value back every step: the host waits for the GPU" if settings.sync_each_step
+         else "reads nothing back: the host issues the next step while the GPU runs this one"),
         *((("Sequence length", f"{settings.seq_len:,} tokens"),) if settings.seq_len is not None else ()),
         *((("Fine-tuning", estimate.trace.adapted),) if estimate.trace.adapted else ()),
         *((("Assumed", "; ".join(settings.assumptions)),) if settings.assumptions else ()),

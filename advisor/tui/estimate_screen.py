@@ -138,6 +138,7 @@ class EstimateScreen(Screen):
                              prompt="default", id="base_weights")
                 yield _switch_row(request.checkpointing, "checkpointing", "checkpointing")
                 yield _switch_row(request.compiled, "compiled", "torch.compile")
+                yield _switch_row(request.sync_each_step, "sync_each_step", "loop reads a value back each step")
                 yield Label("Micro-batch")
                 yield Input(_text(request.micro_batch), placeholder="none", type="integer", id="micro_batch")
                 yield Label("Samples per epoch")
@@ -241,6 +242,7 @@ class EstimateScreen(Screen):
             optimizer=chosen("optimizer"),
             checkpointing=self.query_one("#checkpointing", Switch).value,
             compiled=self.query_one("#compiled", Switch).value,
+            sync_each_step=self.query_one("#sync_each_step", Switch).value,
             micro_batch=parse_number(value("micro_batch"), int, "micro-batch"),
             cuda_context_mib=parse_number(value("cuda_context_mib"), float, "CUDA context"),
             trace_timeout_s=parse_number(value("trace_timeout_s"), float, "trace timeout",
