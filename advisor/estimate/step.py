@@ -59,15 +59,15 @@ from advisor.hardware.specs import GPUSpec
 from advisor.profile.trace import OpRecord, StepTrace
 
 BOUNDS = ("compute", "memory", "overhead")
+INPUT_BOUND = "input"
+"""The fourth part of a step: the batch's copy to the GPU and the GPU waiting for the input pipeline
+(advisor.pipeline.supply)."""
 
 LOOP_READ_BACK = OpRecord("optimizer", "(loop)", "_local_scalar_dense", 0.0, 0, 0, ("float32",), False, True,
                           synchronizes=True)
 """A value the training loop reads back at the end of every step (`loss.item()` for a log or a progress bar,
 Hugging Face Trainer's NaN check of the loss): no kernel; the host waits there for the device's queue, so it
 cannot run ahead into the next step (--sync-each-step)."""
-INPUT_BOUND = "input"
-"""The fourth part of a step: the batch's copy to the GPU and the GPU waiting for the input pipeline
-(advisor.pipeline.supply)."""
 
 
 @dataclass(frozen=True)
