@@ -113,3 +113,15 @@ def test_the_channel_bandwidth_is_the_measured_links(db) -> None:
     assert link.nccl_channels == 24
     assert NCCL_CHANNEL_BYTES_PER_S * link.nccl_channels == pytest.approx(max(b for _, b in link.busbw_points))
     assert contention_share(link, 132) == pytest.approx(24 / 132)
+
+
+def test_a_plan_where_nothing_fits_says_what_would_split_the_step() -> None:
+    from advisor.estimate.parallel import Alternative, choice_reason
+
+    # 8 GPUs, every strategy too big: the leanest is kept, and the reason names pipeline parallelism
+    alternatives = [Alternative("ddp", False, 90, 1.0), Alternative("fsdp", False, 30, 1.2)]
+    reason = choice_reason("auto", alternatives[1], alternatives)
+    assert reason.startswith("none fits; the least memory per GPU")
+    assert "pipeline parallelism" in reason and "not modelled" in reason
+    fitting = [Alternative("ddp", True, 20, 1.0), Alternative("fsdp", True, 10, 1.2)]
+    assert "pipeline" not in choice_reason("auto", fitting[0], fitting)

@@ -53,6 +53,10 @@ nvlink4-nvswitch, 8 H100 SXMs over NVSwitch at about 370 GB/s of all-reduce bus 
 where FSDP's all-gather ran 24 channels (its `nccl_channels`, I-NVFORUM-OVERLAP). NCCL sizes its channels to
 the link (I-NCCL986): a link without a measured count of peak bus bandwidth B takes about B / this."""
 
+NONE_FITS_HINT = ("try more GPUs, --checkpointing or a smaller --micro-batch; pipeline parallelism (the layers "
+                  "split over the GPUs) is not modelled yet")
+"""What a multi-GPU plan in which no strategy fits says would help."""
+
 MAX_NODE_GPUS = 8
 """GPUs one machine holds where no offer says (an 8-GPU server)."""
 
@@ -378,12 +382,13 @@ class Scaling:
 
 
 def choice_reason(parallel: str, chosen: Alternative, alternatives: list[Alternative]) -> str:
-    """Why `chosen`: asked for, the fastest that fits, or (none fits) the one closest to fitting."""
+    """Why `chosen`: asked for, the fastest that fits, or (none fits) the one closest to fitting, with what
+    else would split the step (pipeline parallelism, which the tool does not model)."""
     if parallel != "auto":
         return f"--parallel {parallel}"
     others = [a for a in alternatives if a is not chosen]
     if not chosen.fits:
-        return "none fits; the least memory per GPU"
+        return f"none fits; the least memory per GPU; {NONE_FITS_HINT}"
     too_big = [a.strategy for a in others if not a.fits]
     slower = [a.strategy for a in others if a.fits]
     parts = ["the fastest that fits"]
