@@ -268,11 +268,9 @@ def measure_cpu_step(case: CPUCase, warm: int = 2, timed: int = 7) -> float:
 def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str, attention: str = "cpu") -> StepTrace:
     """The step traced as the tool traces it for a CPU (`attention` "cpu") or a GPU ("cuda")."""
     build, make_input, loss_fn = parts
-    published = PUBLISHED_OPTIMIZERS.get(optimizer)
-    if published is not None:  # a published script's own optimizer, traced as a model file's optimizer(params)
-        return trace_training_step(build, make_input, batch, precision, FILE_OPTIMIZER, loss_fn, attention=attention,
-                                   build_optimizer=published)
-    return trace_training_step(build, make_input, batch, precision, optimizer, loss_fn, attention=attention)
+    published = PUBLISHED_OPTIMIZERS.get(optimizer)  # a published script's own: traced as a file's optimizer(params)
+    return trace_training_step(build, make_input, batch, precision, FILE_OPTIMIZER if published else optimizer,
+                               loss_fn, attention=attention, build_optimizer=published)
 
 
 def cpu_rows() -> tuple[list[Row], list[str]]:

@@ -268,9 +268,9 @@ class EstimateSettings:
     compiled: bool = False
     """The step as torch.compile runs it: pointwise ops fused between library kernels (fusion.py)."""
     tp: int | None = None
+    """Tensor-parallel degree (--tp; None: every GPU of a machine under --parallel tp, else 1)."""
     sync_each_step: bool = False
     """The training loop reads a value back every step (step.LOOP_READ_BACK): the host cannot run ahead."""
-    """Tensor-parallel degree (--tp; None: every GPU of a machine under --parallel tp, else 1)."""
 
     @property
     def tensor_parallel(self) -> bool:

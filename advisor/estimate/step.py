@@ -486,6 +486,18 @@ class _Clock:
         self.by_bound = dict.fromkeys(BOUNDS, 0.0)
         self.ops: list[OpTime] = []
         self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, float]] = {}
+        self.read_back = False
+        """Whether a queued op read a value back (OpRecord.synchronizes): the host waited for the device."""
+
+    def run_step(self, chunks: Chunks) -> tuple[float, dict[str, float], int]:
+        """Run one step's chunks; returns the device clock, the bounds and the op count it found."""
+        found = self.device, dict(self.by_bound), len(self.ops)
+        for records, copies in chunks:
+            if copies == 1:
+                self.run(records)
+            else:
+                self.run_copies(records, copies)
+        return found
 
     def run(self, records: Sequence[OpRecord]) -> None:
         queued, by_bound, ops = self.queued, self.by_bound, self.ops
@@ -502,6 +514,7 @@ class _Clock:
             if queued:
                 if record.synchronizes:  # the host reads a value back: it waits for the device's queue
                     self.host = max(self.host, self.device)
+                    self.read_back = True
                 self.host += host
                 wait = max(0.0, self.host - self.device)
                 self.device += wait + kernel
@@ -553,19 +566,14 @@ def estimate_chunks(chunks: Chunks, precision: str, device: DeviceModel, compile
     `device`: on a GPU the host issues each op (its overhead) into a queue the device runs; on a CPU they
     take turns."""
     clock = _Clock(device, precision, compiled)
-    reads_back = clock.queued and any(record.synchronizes for records, _ in chunks for record in records)
-    for _ in range(2 if reads_back else 1):  # a step that reads back: the second of two in a row
-        device_before, by_bound_before, first = clock.device, dict(clock.by_bound), len(clock.ops)
-        for records, copies in chunks:
-            if copies == 1:
-                clock.run(records)
-            else:
-                clock.run_copies(records, copies)
+    device_before, by_bound_before, first = clock.run_step(chunks)
+    if clock.read_back:  # a step that reads back: the second of two in a row
+        device_before, by_bound_before, first = clock.run_step(chunks)
     profile = device.profile
     step_s = clock.device - device_before
     by_bound = {bound: seconds - by_bound_before[bound] for bound, seconds in clock.by_bound.items()}
     ops = clock.ops[first:]
-    if clock.queued and not reads_back:
+    if clock.queued and not clock.read_back:
         step_s = _host_ahead(ops, by_bound)
     total = sum(by_bound.values())
     assert abs(total - step_s) <= 1e-9 * max(1.0, total), (total, step_s)
