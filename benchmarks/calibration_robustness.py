@@ -39,7 +39,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from accuracy import bare_roofline_seconds, timed_step  # noqa: E402
 from heldout import available, model_parts  # noqa: E402
 
 DEFAULT_BASELINE = "ecabff8"
@@ -63,9 +62,11 @@ def model_names(requested: str | None) -> list[str]:
 # ---- in a subprocess: one code version's prediction --------------------------------------------------------
 
 
-def predict(names: list[str]) -> dict[str, dict[str, float]]:
-    """Per model, the step predicted from the stored profile (GPU_ADVISOR_CACHE_DIR) and the bare
-    roofline of the same trace, seconds; run with PYTHONPATH pointing at the code version to judge."""
+def predict(names: list[str], with_bare: bool) -> dict[str, dict[str, float]]:
+    """Per model, the step predicted from the stored profile (GPU_ADVISOR_CACHE_DIR) and, with
+    `with_bare`, the bare roofline of the same trace, seconds; run with PYTHONPATH pointing at the code
+    version to judge. accuracy.py (the bare roofline) imports this tree's planning API, so only this
+    tree's run computes it: an older version's advisor package lacks modules it needs."""
     from advisor.calibration.cache import load_profile
     from advisor.calibration.runner import cpu_target
     from advisor.calibration.suite import load_suite
@@ -84,8 +85,10 @@ def predict(names: list[str]) -> dict[str, dict[str, float]]:
         except Exception as exc:  # noqa: BLE001 - a code version that cannot trace a model: reported as such
             out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
             continue
-        bare = bare_roofline_seconds(trace.records, "fp32", peaks, bandwidth, gpu=False)
-        out[name] = {"ours": estimate_records(trace.records, "fp32", device).step_s, "bare": bare}
+        out[name] = {"ours": estimate_records(trace.records, "fp32", device).step_s}
+        if with_bare:
+            from accuracy import bare_roofline_seconds
+            out[name]["bare"] = bare_roofline_seconds(trace.records, "fp32", peaks, bandwidth, gpu=False)
     return out
 
 
@@ -120,7 +123,8 @@ def calibrate_with(label: str, code: Path, cache: Path) -> Calibration:
 
 
 def predictions(code: Path, cache: Path, names: list[str]) -> dict[str, dict[str, float]]:
-    done = run_code(code, cache, [str(Path(__file__).resolve()), "--predict", "--models", ",".join(names)])
+    bare = ["--bare"] if code == REPO else []
+    done = run_code(code, cache, [str(Path(__file__).resolve()), "--predict", *bare, "--models", ",".join(names)])
     assert done.returncode == 0, f"prediction failed: {done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -128,6 +132,8 @@ def predictions(code: Path, cache: Path, names: list[str]) -> dict[str, dict[str
 def measure_step(name: str, warm_s: float = 0.5, timed_s: float = 1.5) -> float:
     """Median seconds of real training steps of the model: at least 3 warm-up steps and `warm_s`
     (allocator, thread pools and caches settle), then at least 5 timed steps and `timed_s`."""
+    from accuracy import timed_step
+
     build, make_input, loss_fn, batch, optimizer = model_parts(name)
     step = timed_step((build, make_input, loss_fn), batch, "fp32", optimizer)
     warm = [step() for _ in range(3)]
@@ -215,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--predict", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = model_names(args.models)
     if args.predict:
-        print(json.dumps(predict(names)))
+        print(json.dumps(predict(names, args.bare)))
         return 0
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(temporary)

@@ -40,7 +40,14 @@ follows it counts as disturbed (repeats of a quiet host agree within 5-10%)."""
 MAX_ATTEMPTS = 3
 """A disturbed series is measured again later in the run, at most this many times in all."""
 
-REFERENCE_REPEATS = 3
+REFERENCE_MIN_CALLS = 5
+REFERENCE_MIN_S = 4e-3
+REFERENCE_MAX_CALLS = 400
+"""The reference kernel's time is the best of at least REFERENCE_MIN_CALLS calls and REFERENCE_MIN_S
+seconds of them (at most REFERENCE_MAX_CALLS). Best of 3 calls was not enough on a quiet 2-core VM:
+timed 60 times between bursts of other work, 12 of 60 best-of-3 readings of the 0.2 ms GEMM ran over
+1.25x the best (a wake-up or a neighbour's burst caught in all three calls), so quick calibrations
+were refused at rest; best of 20 calls (4 ms), 0 of 60 (2026-11-27)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ def disturbance(contention: Contention, allowed_cores: float | None) -> str | No
 
 
 class ReferenceKernel:
-    """A fixed small op, timed before each series (best of REFERENCE_REPEATS calls)."""
+    """A fixed small op, timed before each series (best of its calls over REFERENCE_MIN_S)."""
 
     def __init__(self, call: Callable[[], object], clock_seconds: Callable[[Callable[[], object]], float]) -> None:
         self._call = call
@@ -137,4 +144,7 @@ class ReferenceKernel:
         self._time(self._call)  # first call: allocation, kernel selection
 
     def seconds(self) -> float:
-        return min(self._time(self._call) for _ in range(REFERENCE_REPEATS))
+        times = [self._time(self._call) for _ in range(REFERENCE_MIN_CALLS)]
+        while sum(times) < REFERENCE_MIN_S and len(times) < REFERENCE_MAX_CALLS:
+            times.append(self._time(self._call))
+        return min(times)
