@@ -43,7 +43,7 @@ from advisor.estimate.step import (
     estimate_chunks,
 )
 from advisor.errors import UserError
-from advisor.estimate.targets import EstimateTarget
+from advisor.estimate.targets import EstimateTarget, with_measured_shapes
 from advisor.hardware.specs import HardwareDB
 from advisor.units import GIB
 from advisor.memory.estimate import DeviceMemory, device_memory
@@ -666,6 +666,7 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     for target in targets:
         if target.device.kind != "gpu":
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
+            target = with_measured_shapes(target, cpu_trace.records, cpu_trace.precision, progress)
             results.append(estimate_device(cpu_trace, settings, target, memory, db))
             continue
         spread = spreads(target)

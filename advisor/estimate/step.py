@@ -26,12 +26,13 @@ what follows, and such a step is timed as the second of two in a row.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline, roofline_work
+from advisor.calibration.shapes import shape_key
 from advisor.calibration.suite import TORCH_DTYPES
 from advisor.estimate.fusion import compiled_records, fusible
 from advisor.estimate.lowering import cuda_records
@@ -83,6 +84,9 @@ class DeviceModel:
     """A GPU's architecture in the hardware database ("hopper"): which fused attention kernels it runs."""
     clock_hz: float | None = None
     """A GPU's boost clock (its integer instruction rate, with sm_count)."""
+    measured_s: Mapping[tuple, float] | None = field(default=None, compare=False, hash=False)
+    """Seconds of one call of ops timed on this device at their exact shapes (a local CPU's convolutions:
+    calibration/shapes.py), by shapes.shape_key; they replace the calibrated curves for those calls."""
 
     def __post_init__(self) -> None:
         assert self.kind in ("gpu", "cpu"), self.kind
@@ -264,6 +268,9 @@ class _OpTimer:
         moved = moved_bytes(record, kind)
         if kind.compute and self.device.kind == "gpu" and record.op in FUSED_ATTENTION and record.gemm:
             return kind, self._fused_attention_seconds(record, kind), moved / self.bandwidth, 0.0
+        measured = self._measured_seconds(record)
+        if measured is not None:
+            return kind, measured, min(moved / self.bandwidth, measured), 0.0
         if kind.compute:
             compute, memory = self._compute_seconds(record, kind, record.flops, moved)
             if self.device.kind == "gpu" and record.conv is not None:
@@ -272,6 +279,13 @@ class _OpTimer:
         memory = self._memory_seconds(kind.series, kind.dtype, moved)
         compute = record.flops / self.fp32_peak if record.flops else 0.0
         return kind, compute, memory, 0.0
+
+    def _measured_seconds(self, record: OpRecord) -> float | None:
+        """The op's time measured on this device at its exact shapes (DeviceModel.measured_s), if it was."""
+        if not self.device.measured_s or record.conv is None:
+            return None
+        key = shape_key(record.op, record.dtypes[0] if record.dtypes else "", record.conv)
+        return None if key is None else self.device.measured_s.get(key)
 
     def _fused_attention_seconds(self, record: OpRecord, kind: OpClass) -> float:
         """A GPU's fused attention kernel: its FLOPs at the share of its math dtype's peak that such
@@ -394,6 +408,16 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
     if not cpu or record.tensors <= 1:
         return per_op
     return per_op + (record.tensors - 1) * overheads.get("foreach", overheads.get("dispatch", 0.0))
+
+
+def kernel_seconds(records: Iterable[OpRecord], precision: str, device: DeviceModel) -> list[float]:
+    """Device seconds of each op alone (no host overhead, no page faults), as the time model puts them."""
+    timer = _OpTimer(device, precision)
+    found = []
+    for record in records:
+        _, compute, memory, _, layout = timer.kernel(record)
+        found.append(max(compute, memory) + layout)
+    return found
 
 
 def estimate_step(trace: StepTrace, device: DeviceModel, compiled: bool = False) -> StepTime:

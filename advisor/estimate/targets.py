@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from advisor.calibration.cache import CachedProfile, CacheError, check_writable, load_profile, os_reason, store_profile
@@ -14,9 +14,11 @@ from advisor.calibration.reference import Family, reference_profile
 from advisor.calibration.runner import Target as CalibrationTarget
 from advisor.calibration.runner import calibrate, cpu_target, cuda_target
 from advisor.calibration.suite import Suite, load_suite
-from advisor.estimate.step import DeviceModel
+from advisor.calibration.shapes import measure_shapes, shape_key
+from advisor.estimate.step import DeviceModel, kernel_seconds
 from advisor.hardware.specs import GPUSpec, HardwareDB, MemoryOverhead
 from advisor.probe.cpu import probe_cpu
+from advisor.profile.trace import OpRecord
 
 Progress = Callable[[str], None]
 CalibrationProgress = Callable[[int, int, str], None]
@@ -170,3 +172,31 @@ def _local_gpu_profile(target: CalibrationTarget, spec: GPUSpec | None, families
         return LocalProfile(verdict.profile, f"calibration quality: {verdict.quality.summary()}", verdict.quality)
     return LocalProfile(reference_profile(spec, families), f"not calibrated ({_unusable(cached, verdict)}): run "
                         f"`advisor calibrate --device {target.device}` to measure it")
+
+
+def with_measured_shapes(target: EstimateTarget, records: Sequence[OpRecord], precision: str,
+                         progress: Progress) -> EstimateTarget:
+    """A local CPU target whose model times the step's convolutions as measured at their exact shapes
+    (calibration/shapes.py: stored ones reused, the rest timed now within a budget); other targets as they
+    are. Its note says how many shapes were timed."""
+    device = target.device
+    if device.kind != "cpu" or device.profile.status != "measured" or not target.local:
+        return target
+    convolutions = [r for r in records if r.conv is not None]
+    if not convolutions:
+        return target
+    wanted: dict[tuple, float] = {}
+    for record, seconds in zip(convolutions, kernel_seconds(convolutions, precision, device), strict=True):
+        key = shape_key(record.op, record.dtypes[0] if record.dtypes else "", record.conv)
+        if key is not None:
+            wanted[key] = max(seconds, wanted.get(key, 0.0))
+    if not wanted:
+        return target
+    measured = measure_shapes(wanted.items(), device.profile.created, progress)
+    timed = f"{len(measured.seconds)} of {len(wanted)} convolution shapes timed on this CPU"
+    if measured.measured_now:
+        timed += f" ({measured.measured_now} now, {measured.measuring_s:.1f} s)"
+    if measured.left_out:
+        timed += f"; {measured.left_out} left to the calibrated curves (time budget, size)"
+    note = f"{target.note}; {timed}" if target.note else timed
+    return replace(target, device=replace(device, measured_s=measured.seconds), note=note)

@@ -68,6 +68,11 @@ class ConvGeometry:
     weight_elements: int
     computes: tuple[str, ...] = ("output",)
     """What the call produces: "output" (forward); "grad_input" and/or "grad_weight" (backward)."""
+    input_shape: tuple[int, ...] = ()
+    weight_shape: tuple[int, ...] = ()
+    padding: tuple[int, ...] = ()
+    output_padding: tuple[int, ...] = ()
+    """The call's own sizes, for a device that times the exact call (calibration/shapes.py)."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,14 @@ def conv_geometry(x: torch.Tensor, w: torch.Tensor, out_shape, named: dict, comp
     dims = w.dim() - 2
     return ConvGeometry(tuple(int(k) for k in w.shape[2:]), _per_dim(named.get("stride", 1), dims),
                         _per_dim(named.get("dilation", 1), dims), groups, transposed, int(c_in), int(c_out),
-                        _channels_last(x), x.numel(), _numel(out_shape), w.numel(), computes)
+                        _channels_last(x), x.numel(), _numel(out_shape), w.numel(), computes,
+                        tuple(int(n) for n in x.shape), tuple(int(n) for n in w.shape),
+                        _padding(named.get("padding", 0), dims), _padding(named.get("output_padding", 0), dims))
+
+
+def _padding(value: Any, dims: int) -> tuple[int, ...]:
+    """A convolution's padding per dimension; () for a mode ("same", "valid") the call did not resolve."""
+    return () if isinstance(value, str) else _per_dim(value, dims)
 
 
 def _per_dim(value: Any, dims: int) -> tuple[int, ...]:

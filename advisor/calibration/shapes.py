@@ -1,0 +1,186 @@
+"""The model's own convolutions timed on this CPU, at their exact shapes (issue #20).
+
+A CPU runs convolutions through oneDNN, whose kernel, blocking and reorders depend on the kernel size,
+stride, groups and the tensors' sizes in ways no curve over FLOPs follows: on a 2-core EPYC VM
+(2026-11-27) the backward of a depthwise 3x3 convolution ran at 36 GFLOP/s for 96 channels at 56x56 and
+stride 1, batch 1 to 4, at 8 GFLOP/s at batch 16, and at 1.7 GFLOP/s with stride 2; a 5x5 one at 6-10
+GFLOP/s whatever its size. The calibration's conv series fit 4-7 shapes each; MobileNetV3's depthwise
+backward ran 5-7x slower than they predicted. So a local CPU estimate times each distinct convolution of
+the traced step on real tensors of its shapes (a warm-up call, then the best of a few), depthwise ones
+first, within MEASURE_BUDGET_S, and keeps the times beside the calibration (its timestamp and torch's
+version key them): the next estimate of the same shapes measures nothing. Shapes left out (over the
+budget, or too large for the free memory) keep the calibrated curves. Seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from advisor.atomic import write_atomically
+from advisor.calibration.cache import cache_dir
+from advisor.profile.costs import ConvGeometry
+
+MEASURE_BUDGET_S = 6.0
+"""Wall time one estimate may spend timing convolutions it has not timed before."""
+MAX_CALL_S = 0.5
+"""A shape whose calls the calibrated curve puts above this is left to the curve."""
+TIMED_CALLS = 3
+MAX_MEMORY_SHARE = 0.125
+"""A shape whose tensors need more than this share of the available memory is left to the curve."""
+FORMAT = "gpu-advisor-shapes"
+
+ShapeKey = tuple[Any, ...]
+
+
+def shape_key(op: str, dtype: str, geometry: ConvGeometry) -> ShapeKey | None:
+    """What a convolution's time depends on; None for a call whose sizes the trace did not keep."""
+    if not geometry.input_shape or not geometry.padding:
+        return None
+    return (op, dtype, geometry.input_shape, geometry.weight_shape, geometry.stride, geometry.padding,
+            geometry.dilation, geometry.transposed, geometry.output_padding or (0,) * len(geometry.stride),
+            geometry.groups, geometry.computes, geometry.channels_last)
+
+
+def is_depthwise(key: ShapeKey) -> bool:
+    groups, weight = key[9], key[3]
+    return groups > 1 and weight[1] == 1
+
+
+@dataclass(frozen=True)
+class MeasuredShapes:
+    """Seconds of one call of each shape measured; what this estimate measured anew and how long it took."""
+
+    seconds: dict[ShapeKey, float]
+    measured_now: int
+    measuring_s: float
+    left_out: int
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    found = getattr(torch, name, None)
+    assert isinstance(found, torch.dtype), f"not a torch dtype: {name}"
+    return found
+
+
+def _call(key: ShapeKey) -> Callable[[], object]:
+    """The convolution of `key` on real CPU tensors (ones: a convolution's time does not depend on values)."""
+    op, dtype, x_shape, w_shape, stride, padding, dilation, transposed, output_padding, groups, computes, last = key
+    kind = _torch_dtype(dtype)
+    memory_format = torch.channels_last if last and len(x_shape) == 4 else torch.contiguous_format
+    x = torch.ones(x_shape, dtype=kind).contiguous(memory_format=memory_format)
+    w = torch.ones(w_shape, dtype=kind).contiguous(memory_format=memory_format)
+    args = (list(stride), list(padding), list(dilation), transposed, list(output_padding), groups)
+    if op != "convolution_backward":
+        return lambda: torch.ops.aten.convolution(x, w, None, *args)
+    out = torch.ops.aten.convolution(x.to("meta"), w.to("meta"), None, *args)
+    grad = torch.ones(out.shape, dtype=kind).contiguous(memory_format=memory_format)
+    mask = ["grad_input" in computes, "grad_weight" in computes, False]
+    return lambda: torch.ops.aten.convolution_backward(grad, x, w, None, *args, mask)
+
+
+def tensor_bytes(key: ShapeKey) -> int:
+    """Bytes of the call's operands and outputs (at most: input, weight, output and their gradients)."""
+    element = _torch_dtype(key[1]).itemsize
+    x, w = key[2], key[3]
+    numel = lambda shape: int(torch.Size(shape).numel())  # noqa: E731
+    return 3 * element * (numel(x) + numel(w)) + 2 * element * numel(x)
+
+
+def time_call(call: Callable[[], object], calls: int = TIMED_CALLS) -> float:
+    """Best of `calls` timed calls after one untimed (allocation, kernel selection), seconds."""
+    with torch.no_grad():
+        call()
+        best = float("inf")
+        for _ in range(calls):
+            started = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def store_path() -> Path:
+    return cache_dir() / "calibration" / "cpu-shapes.json"
+
+
+def _stamp(profile_created: str) -> dict[str, str]:
+    return {"format": FORMAT, "profile": profile_created, "torch": torch.__version__}
+
+
+def load_stored(profile_created: str, path: Path | None = None) -> dict[ShapeKey, float]:
+    """Times stored for this calibration and torch version; none when the file is missing, unreadable or
+    another calibration's (it is measured again and replaced)."""
+    path = path or store_path()
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(body, dict) or {k: body.get(k) for k in _stamp(profile_created)} != _stamp(profile_created):
+        return {}
+    entries = body.get("entries")
+    if not isinstance(entries, list):
+        return {}
+    return {_key_of(entry[0]): float(entry[1]) for entry in entries
+            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], (int, float)) and entry[1] > 0}
+
+
+def _key_of(value: Any) -> ShapeKey:
+    """A key back from JSON, its lists made tuples again."""
+    return tuple(_key_of(v) if isinstance(v, list) else v for v in value)
+
+
+def store(profile_created: str, seconds: dict[ShapeKey, float], path: Path | None = None) -> None:
+    path = path or store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {**_stamp(profile_created), "entries": [[list(key), value] for key, value in sorted(
+        seconds.items(), key=lambda item: repr(item[0]))]}
+    write_atomically(path, json.dumps(body))
+
+
+def measure_shapes(keys: Iterable[tuple[ShapeKey, float]], profile_created: str,
+                   progress: Callable[[str], None] = lambda message: None, budget_s: float = MEASURE_BUDGET_S,
+                   path: Path | None = None) -> MeasuredShapes:
+    """Seconds per call of each (key, predicted seconds per call) given: stored ones as stored, the rest
+    timed now, depthwise first, then the longest predicted, while `budget_s` lasts."""
+    wanted = dict(keys)
+    stored = load_stored(profile_created, path)
+    found = {key: stored[key] for key in wanted if key in stored}
+    available = _available_bytes()
+    todo = sorted((key for key in wanted if key not in found),
+                  key=lambda key: (not is_depthwise(key), -wanted[key]))
+    started = time.perf_counter()
+    measured = left_out = 0
+    if todo:
+        progress(f"timing {len(todo)} convolution shapes of the model on this CPU")
+    threads = torch.get_num_threads()
+    for key in todo:
+        too_big = available is not None and tensor_bytes(key) > MAX_MEMORY_SHARE * available
+        if too_big or wanted[key] > MAX_CALL_S or time.perf_counter() - started > budget_s:
+            left_out += 1
+            continue
+        found[key] = time_call(_call(key))
+        measured += 1
+    assert torch.get_num_threads() == threads
+    if measured:
+        try:
+            store(profile_created, {**stored, **found}, path)
+        except OSError as exc:
+            progress(f"the convolution times were not stored ({exc.strerror or exc}): the next estimate times them again")
+    return MeasuredShapes(found, measured, round(time.perf_counter() - started, 3), left_out)
