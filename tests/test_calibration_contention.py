@@ -7,6 +7,7 @@ machine is refused, leaving the previous profile in place.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -160,21 +161,36 @@ def _calls_to_time(call_s: float) -> list[float]:
     return timed
 
 
-def test_a_slowed_reference_kernel_measures_the_series_again(suite: Suite, monkeypatch) -> None:
-    # no other program in /proc/stat, but the host runs everything 2x slower while copy/fp32 is first
-    # measured (a neighbour VM's memory traffic): the reference GEMM before add/fp32 tells
+def _slowed_while(suite: Suite, monkeypatch, window: Callable[[float, float, float], tuple[float, float]]):
+    """A calibration on a host that runs everything 2x slower within window(start, timed, end) of the
+    simulated clock: in the quiet run, copy/fp32's reference kernel runs from `start` to `timed` (the
+    /proc/stat read before its cases), its cases and the reference kernel after them until `end`."""
     times = snapshot_times(suite, monkeypatch)
     copy = SERIES_ORDER.index("copy/fp32")
-    start, end = times[2 * copy - 1], times[2 * copy + 1]  # from the reference kernel before copy/fp32 to its end
+    low, high = window(times[2 * copy - 1], times[2 * copy], times[2 * copy + 1])
     clock = ModelClock(STEADY)
     slow = clock.seconds
-    clock.seconds = lambda case: slow(case) * (2.0 if start <= clock.elapsed <= end else 1.0)
+    clock.seconds = lambda case: slow(case) * (2.0 if low <= clock.elapsed <= high else 1.0)
     monkeypatch.setattr(runner_module, "cpu_snapshot", lambda: None)
-    profile = calibrate(two_core_target(suite, clock), suite, quick=True)
-    # the reference kernel timed just before the copy series (inside the slow window) ran 2x its best
+    return calibrate(two_core_target(suite, clock), suite, quick=True)
+
+
+def test_a_slowed_reference_kernel_measures_the_series_again(suite: Suite, monkeypatch) -> None:
+    # no other program in /proc/stat, but the host runs everything 2x slower while copy/fp32 is first
+    # measured (a neighbour VM's memory traffic): the reference GEMM before and after it tell. At half speed
+    # the series and its two reference kernels take twice as long: the window ends at start + 2 x (end - start)
+    profile = _slowed_while(suite, monkeypatch, lambda start, timed, end: (start, start + 2 * (end - start)))
     copy_series = profile.get("copy", "fp32")
     assert copy_series.contention.attempts == 2 and copy_series.contention.reference_slowdown == 1.0
     assert gate(profile, "cpu", CACHE).quality.accepted
+
+
+def test_a_stall_before_a_series_alone_does_not_measure_it_again(suite: Suite, monkeypatch) -> None:
+    # slow only while the reference kernel before copy/fp32 runs (at half speed, twice its quiet span): the
+    # one after the series ran at full speed, so the series was not slowed down
+    profile = _slowed_while(suite, monkeypatch, lambda start, timed, end: (start, start + 2 * (timed - start)))
+    copy_series = profile.get("copy", "fp32")
+    assert copy_series.contention.attempts == 1 and copy_series.contention.reference_slowdown == 1.0
 
 
 def test_cli_refuses_a_busy_machine_and_keeps_the_previous_profile(capsys, suite: Suite, tmp_path: Path,
