@@ -5,9 +5,11 @@ For each load (0, 1, 2 busy processes spinning beside it; `--busy`), this run:
 1. calibrates (`advisor calibrate --quick`, a fresh cache) with this tree's code and with a baseline
    revision's (`--baseline`, default the commit before issue #20's robustness work: "today's
    behaviour"), each in its own process;
-2. measures real training steps of each model (median of timed steps after warm-up) under the same load;
+2. measures real training steps of each model under the same load, in this process after warm-up: the
+   median of 3 rounds interleaved over the models (MEASURE_ROUNDS), each the median of its steps;
 3. predicts each model's step from each stored profile (in a process running that code's tracer and
-   estimator), and prints the errors, their median and worst, beside the bare roofline of
+   estimator; this tree's times the models' convolutions at their shapes as `advisor estimate --local`
+   does, calibration/shapes.py), and prints the errors, their median and worst, beside the bare roofline of
    benchmarks/accuracy.py on the same trace (75% of the peaks and of the sustained bandwidth measured
    by that calibration).
 
@@ -139,20 +141,33 @@ def predictions(code: Path, cache: Path, names: list[str]) -> dict[str, dict[str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_step(name: str, warm_s: float = 0.5, timed_s: float = 1.5) -> float:
-    """Median seconds of real training steps of the model: at least 3 warm-up steps and `warm_s`
-    (allocator, thread pools and caches settle), then at least 5 timed steps and `timed_s`."""
+MEASURE_ROUNDS = 3
+"""Rounds of step timing over the models, interleaved: a host that slows down for seconds (this VM's
+neighbours) slows one round of a model, not all of them."""
+
+
+def measure_steps(names: list[str], rounds: int = MEASURE_ROUNDS, warm_s: float = 0.5,
+                  timed_s: float = 0.6) -> dict[str, float]:
+    """Per model, the median over `rounds` interleaved rounds of the median seconds of its real training
+    steps in the round: at least 3 warm-up steps and `warm_s` before the first round (allocator, thread
+    pools and caches settle), then each round at least 3 timed steps and `timed_s`."""
     from accuracy import timed_step
 
-    build, make_input, loss_fn, batch, optimizer = model_parts(name)
-    step = timed_step((build, make_input, loss_fn), batch, "fp32", optimizer)
-    warm = [step() for _ in range(3)]
-    while sum(warm) < warm_s:
-        warm.append(step())
-    times = [step() for _ in range(5)]
-    while sum(times) < timed_s and len(times) < 200:
-        times.append(step())
-    return statistics.median(times)
+    steps = {}
+    for name in names:
+        build, make_input, loss_fn, batch, optimizer = model_parts(name)
+        step = steps[name] = timed_step((build, make_input, loss_fn), batch, "fp32", optimizer)
+        warm = [step() for _ in range(3)]
+        while sum(warm) < warm_s:
+            warm.append(step())
+    medians: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            times = [step() for _ in range(3)]
+            while sum(times) < timed_s and len(times) < 100:
+                times.append(step())
+            medians[name].append(statistics.median(times))
+    return {name: statistics.median(found) for name, found in medians.items()}
 
 
 def spinners(count: int) -> list[subprocess.Popen]:
@@ -167,9 +182,8 @@ def one_load(busy: int, codes: dict[str, Path], names: list[str], work: Path) ->
         time.sleep(3 if busy else 0)
         calibrations = {label: calibrate_with(label, code, work / f"cache-{busy}-{label}")
                         for label, code in codes.items()}
-        measured = {}
+        measured = measure_steps(names)
         for name in names:
-            measured[name] = measure_step(name)
             print(f"  {busy} busy: {name} measured {measured[name] * 1e3:.1f} ms", file=sys.stderr, flush=True)
         predicted = {label: predictions(codes[label], Path(c.cache), names) if c.stored else None
                      for label, c in calibrations.items()}

@@ -1,6 +1,7 @@
 """Where does a CPU training step's time go, op by op, against what the estimator predicts? (issue #20)
 
-For each model: trace the step (fake tensors), predict every op with the local calibration, then run
+For each model: trace the step (fake tensors), predict every op with the local calibration (its
+convolutions timed at their shapes, as `advisor estimate --local` does), then run
 real steps under torch.profiler and sum, per aten op name and phase, the measured time of the
 outermost profiler events whose name is an op the trace recorded (their children, such as a GEMM's
 transposes, included). What no such event covers is "outside": Python, module calls, the autograd
@@ -37,7 +38,7 @@ from heldout import available, model_parts  # noqa: E402
 
 from advisor.calibration.reference import load_families  # noqa: E402
 from advisor.estimate.step import StepTime, estimate_records  # noqa: E402
-from advisor.estimate.targets import local_targets  # noqa: E402
+from advisor.estimate.targets import local_targets, with_measured_shapes  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.profile.trace import call_model, default_loss, make_optimizer, trace_training_step  # noqa: E402
 
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         build, make_input, loss_fn, batch, optimizer = model_parts(name)
         parts = (build, make_input, loss_fn)
         trace = trace_training_step(build, make_input, batch, "fp32", optimizer, loss_fn)
-        step = estimate_records(trace.records, "fp32", cpu.device)
+        timed = with_measured_shapes(cpu, trace.records, "fp32", lambda m: print(f"advisor: {m}", file=sys.stderr))
+        step = estimate_records(trace.records, "fp32", timed.device)
         count: dict[tuple[str, str], int] = defaultdict(int)
         for record in trace.records:
             count[(record.phase, record.op)] += 1
