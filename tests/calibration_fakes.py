@@ -61,6 +61,9 @@ class ModelClock(Clock):
         self.elapsed += seconds
         return seconds
 
+    def pause(self, seconds: float) -> None:
+        self.elapsed += seconds
+
 
 def busy_machine(monkeypatch: pytest.MonkeyPatch, clock: ModelClock, others: Callable[[float], float],
                  slowdown: float = 1.0) -> None:

@@ -95,16 +95,37 @@ def snapshot_times(suite: Suite, monkeypatch: pytest.MonkeyPatch) -> list[float]
     return times
 
 
+class PausedClock(ModelClock):
+    """A ModelClock that notes each pause the runner makes."""
+
+    def __init__(self, seconds) -> None:
+        super().__init__(seconds)
+        self.pauses: list[float] = []
+
+    def pause(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        super().pause(seconds)
+
+
+def test_a_quiet_run_never_pauses(suite: Suite, monkeypatch) -> None:
+    clock = PausedClock(STEADY)
+    monkeypatch.setattr(runner_module, "cpu_snapshot", lambda: None)  # not this machine's /proc/stat
+    calibrate(two_core_target(suite, clock), suite, quick=True)
+    assert clock.pauses == []
+
+
 def test_a_burst_of_load_is_measured_again_and_leaves_no_trace(suite: Suite, monkeypatch) -> None:
     quiet_clock = ModelClock(STEADY)
     quiet = calibrate(two_core_target(suite, quiet_clock), suite, quick=True)
     times = snapshot_times(suite, monkeypatch)
     gemm = SERIES_ORDER.index("gemm/fp32")
     start, end = times[2 * gemm], times[2 * gemm + 1]  # the gemm series of the first pass
-    clock = ModelClock(STEADY)
+    clock = PausedClock(STEADY)
     # one other program takes a whole CPU while gemm/fp32 runs, and each call then takes 3x as long
     busy_machine(monkeypatch, clock, lambda t: 1.0 if start <= t <= end else 0.0, slowdown=3.0)
     profile = calibrate(two_core_target(suite, clock), suite, quick=True)
+    # before measuring it again the run let RETRY_PAUSE_S pass (a burst of seconds passes), once
+    assert clock.pauses == [runner_module.RETRY_PAUSE_S]
     series = profile.get("gemm", "fp32")
     # measured again later in the run, quiet then: the fastest sample of each case is the quiet one
     assert series.contention.attempts == 2 and series.contention.others_cores == 0.0
@@ -115,6 +136,7 @@ def test_a_burst_of_load_is_measured_again_and_leaves_no_trace(suite: Suite, mon
         "copy/fp32": 1, "add/fp32": 1, "conv/fp32": 1}
     result = gate(profile, "cpu", CACHE)
     assert result.quality.accepted and not result.quality.dropped
+
 
 
 def busy_profile(suite: Suite, monkeypatch: pytest.MonkeyPatch, others: float) -> CalibrationProfile:

@@ -36,6 +36,10 @@ class Clock:
     def synchronize(self) -> None:
         """Wait for queued work (nothing on a CPU)."""
 
+    def pause(self, seconds: float) -> None:
+        """Let `seconds` pass without measuring (a burst of load passes)."""
+        time.sleep(seconds)
+
 
 class CPUClock(Clock):
     def time_calls(self, call: Call, inner: int) -> float:
