@@ -68,7 +68,7 @@ from advisor.estimate.parallel import (  # noqa: E402
     step_collectives,
 )
 from advisor.estimate.step import LOOP_READ_BACK, StepTime, estimate_records  # noqa: E402
-from advisor.estimate.targets import database_targets, local_targets  # noqa: E402
+from advisor.estimate.targets import database_targets, local_targets, with_measured_shapes  # noqa: E402
 from advisor.errors import UserError  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.hardware.specs import GPUSpec  # noqa: E402
@@ -276,24 +276,27 @@ def trace_case(parts: ModelParts, batch: int, precision: str, optimizer: str, at
 def cpu_rows() -> tuple[list[Row], list[str]]:
     """Each model's real steps against the prediction from a quick calibration measured at the start
     of this run, in a cache of its own: this VM's speed drifts by 10-20% over minutes (neighbours), and
-    a profile measured hours before would put that drift into the error."""
+    a profile measured hours before would put that drift into the error. Convolutions are timed at their
+    shapes as `advisor estimate --local` times them (calibration/shapes.py), stored in that cache too."""
     db = load_hwdb([])
     with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"GPU_ADVISOR_CACHE_DIR": cache}):
-        cpu = local_targets(db, load_families(db), lambda m: print(f"advisor: {m}", file=sys.stderr))[0]
-    profile = cpu.device.profile
-    notes = [f"CPU: {cpu.name}; calibration {profile.status} ({profile.mode}, {profile.created})"]
-    rows = []
-    for case in cpu_cases():
-        trace = trace_case(case.parts, case.batch, case.precision, case.optimizer)
-        ours = estimate_records(trace.records, case.precision, cpu.device).step_s
-        bare = bare_roofline_seconds(trace.records, case.precision, profile.peaks.flops,
-                                     profile.sustained_bandwidth_bytes_per_s, gpu=False)
-        measured = measure_cpu_step(case)
-        rows.append(Row(f"{case.label} {case.precision} {case.optimizer} ({case.kind})", case.label.split()[0],
-                        "local-cpu", measured * 1e3, ours * 1e3, bare * 1e3, "ms/step"))
-        print(f"advisor: {case.label}: measured {measured * 1e3:.1f} ms, predicted {ours * 1e3:.1f} ms",
-              file=sys.stderr, flush=True)
-        gc.collect()
+        notify = lambda m: print(f"advisor: {m}", file=sys.stderr)  # noqa: E731
+        cpu = local_targets(db, load_families(db), notify)[0]
+        profile = cpu.device.profile
+        notes = [f"CPU: {cpu.name}; calibration {profile.status} ({profile.mode}, {profile.created})"]
+        rows = []
+        for case in cpu_cases():
+            trace = trace_case(case.parts, case.batch, case.precision, case.optimizer)
+            timed = with_measured_shapes(cpu, trace.records, case.precision, notify).device
+            ours = estimate_records(trace.records, case.precision, timed).step_s
+            bare = bare_roofline_seconds(trace.records, case.precision, profile.peaks.flops,
+                                         profile.sustained_bandwidth_bytes_per_s, gpu=False)
+            measured = measure_cpu_step(case)
+            rows.append(Row(f"{case.label} {case.precision} {case.optimizer} ({case.kind})", case.label.split()[0],
+                            "local-cpu", measured * 1e3, ours * 1e3, bare * 1e3, "ms/step"))
+            print(f"advisor: {case.label}: measured {measured * 1e3:.1f} ms, predicted {ours * 1e3:.1f} ms",
+                  file=sys.stderr, flush=True)
+            gc.collect()
     return rows, notes
 
 
