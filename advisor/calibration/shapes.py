@@ -6,8 +6,9 @@ stride, groups and the tensors' sizes in ways no curve over FLOPs follows: on a 
 stride 1, batch 1 to 4, at 8 GFLOP/s at batch 16, and at 1.7 GFLOP/s with stride 2; a 5x5 one at 6-10
 GFLOP/s whatever its size. The calibration's conv series fit 4-7 shapes each; MobileNetV3's depthwise
 backward ran 5-7x slower than they predicted. So a local CPU estimate times each distinct convolution of
-the traced step on real tensors of its shapes (a warm-up call, then the best of a few), depthwise ones
-first, within MEASURE_BUDGET_S, and keeps the times beside the calibration (its timestamp and torch's
+the traced step on real tensors of its shapes (a warm-up call, then the best of a few; in a child process
+whose heap keeps what it frees, SETTLED_HEAP), depthwise ones first, within MEASURE_BUDGET_S, and keeps
+the times beside the calibration (its timestamp and torch's
 version key them): the next estimate of the same shapes measures nothing. Shapes left out (over the
 budget, or too large for the free memory) keep the calibrated curves. Seconds.
 """
