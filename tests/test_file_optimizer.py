@@ -121,8 +121,23 @@ def optimizer(params):
 """
 
 
+STRICT_CLIPPING = MODEL + """
+class StrictClippingSGD(torch.optim.SGD):
+    # torch's clip_grad_norm_ that raises on a non-finite norm: `if logical_or(norm.isnan(), norm.isinf())`
+    def step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
+        return super().step(closure)
+
+def optimizer(params):
+    return StrictClippingSGD(params, lr=0.1)
+"""
+
+
 @pytest.mark.parametrize(("text", "optimizer", "precision", "reads"), [
     (CLIPPING_LOOP, FILE_OPTIMIZER, "fp32", 4),  # one read per parameter: 2 weights, 2 biases
+    # the norm's finiteness, read once: answered as finite (the step is one worth planning), and a read back
+    (STRICT_CLIPPING, FILE_OPTIMIZER, "fp32", 1),
     (MODEL, "adam", "fp32", 0),  # Adam reads its step counters, which torch.optim keeps on the host
     (MODEL, "adam", "amp-fp16", 1),  # GradScaler.step reads its inf check before the optimizer steps
 ])

@@ -103,6 +103,8 @@ class SelfChecking(nn.Module):
 def test_checks_for_inf_and_nan_are_answered_as_finite() -> None:
     trace = trace_training_step(SelfChecking, lambda b: torch.randn(b, 8), 2)
     assert trace.assumed_finite == 2 and trace.values == "fake"
+    # each answer is a value a real step reads back to the host (it waits for the device there)
+    assert [(r.phase, r.op) for r in trace.records if r.synchronizes] == [("forward", "_local_scalar_dense")] * 2
     assert not any(r.op == "clamp" for r in trace.records)  # isinf(...).any() is False: no clamp
     real = trace_training_step(lambda: SelfChecking(weight_branch=True), lambda b: torch.randn(b, 8), 2)
     assert real.values == "real" and real.assumed_finite == 0  # run for real: real values answer every check

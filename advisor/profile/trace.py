@@ -427,6 +427,10 @@ class _Recorder(TorchDispatchMode):
             self.ticks.extend([self.memory.tick] * len(records))
         return out
 
+    def answered_read_back(self, tensor: torch.Tensor, value: bool) -> None:
+        """A value check that finite.FiniteActivations answered: recorded as the read back a real step makes."""
+        self._record(torch.ops.aten._local_scalar_dense.default, (tensor,), {}, value, self.memory.storage_count)
+
     def _reads_back(self, func: Any, args: tuple) -> bool:
         """Whether this op reads a value back to the host from the device (`.item()`, `if tensor:`), which
         makes the host wait for it: any scalar read but of the optimizer's host-side step counters."""
@@ -829,7 +833,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         recorder.first_step_aliases = setup.optimizer in FIRST_STEP_ALIASES and not real
         with tracker, recorder, unpacked_fake_sequences():
             recorder.phase = "optimizer"
-            with _optimizer_code(setup, "the optimizer's first step"):
+            with _optimizer_code(setup, "the optimizer's first step"), nullcontext() if real else FiniteActivations():
                 _create_optimizer_state(opt, stepped, keep_gradients=setup.accumulate_gradients, fake=not real)
             recorder.first_step_aliases = False
             recorder.host_scalars = _step_counters(opt)
@@ -841,7 +845,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             recorder.phase, recorder.recording = "forward", True
             fused = FusedAttentionDropout() if setup.attention == "cuda" else None
             recorder.attention_dropout = fused
-            finite = FiniteActivations()
+            finite = FiniteActivations(recorder.answered_read_back)
             clock = BlockClock(runs, lambda: memory.tick, lambda: tracker.in_backward,
                                lambda: (0 if fused is None else fused.calls, finite.answered))
             # through backward too (checkpointed blocks run forward there); real values answer for themselves
@@ -867,7 +871,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
             if scaler is not None:
                 scaler.unscale(params)
                 scaler.check()
-            with _optimizer_code(setup, "the optimizer's step"):
+            with _optimizer_code(setup, "the optimizer's step"), nullcontext() if real else finite:
                 opt.step()
             if scaler is not None:
                 scaler.update()
