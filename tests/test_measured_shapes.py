@@ -40,7 +40,7 @@ def test_the_trace_keeps_each_convolutions_own_sizes() -> None:
     _, convolutions = traced()
     # forward: the stem over [2, 3, 16, 16] (weight [8, 3, 3, 3], stride 2, padding 1), the depthwise 5x5 over
     # the stem's [2, 8, 8, 8] output (weight [8, 1, 5, 5], padding 2, 8 groups)
-    forward = {r.conv.input_shape: shape_key(r.op, r.dtypes[0], r.conv) for r in convolutions if r.op == "convolution"}
+    forward = {r.conv.input_shape: shape_key(r.op, r.dtypes, r.conv) for r in convolutions if r.op == "convolution"}
     assert forward[(2, 3, 16, 16)][3:6] == ((8, 3, 3, 3), (2, 2), (1, 1))
     assert forward[(2, 8, 8, 8)][3:6] == ((8, 1, 5, 5), (1, 1), (2, 2)) and forward[(2, 8, 8, 8)][9] == 8
     assert is_depthwise(forward[(2, 8, 8, 8)]) and not is_depthwise(forward[(2, 3, 16, 16)])
@@ -51,7 +51,7 @@ def test_the_trace_keeps_each_convolutions_own_sizes() -> None:
 
 def test_shapes_are_timed_once_and_stored_beside_their_calibration(tmp_path: Path) -> None:
     _, convolutions = traced()
-    wanted = {shape_key(r.op, r.dtypes[0], r.conv): 1e-4 for r in convolutions}
+    wanted = {shape_key(r.op, r.dtypes, r.conv): 1e-4 for r in convolutions}
     path = tmp_path / "cpu-shapes.json"
     first = measure_shapes(wanted.items(), "2026-11-27T00:00:00", path=path)
     assert first.measured_now == 4 and first.left_out == 0 and set(first.seconds) == set(wanted)
@@ -68,7 +68,7 @@ def test_shapes_are_timed_once_and_stored_beside_their_calibration(tmp_path: Pat
 
 def test_a_spent_budget_or_a_slow_predicted_call_leaves_the_shape_to_the_curve(tmp_path: Path) -> None:
     _, convolutions = traced()
-    keys = [shape_key(r.op, r.dtypes[0], r.conv) for r in convolutions]
+    keys = [shape_key(r.op, r.dtypes, r.conv) for r in convolutions]
     none = measure_shapes([(key, 1e-4) for key in keys], "t", budget_s=-1.0, path=tmp_path / "a.json")
     assert none.seconds == {} and none.left_out == 4 and not (tmp_path / "a.json").exists()
     slow = measure_shapes([(key, shapes.MAX_CALL_S * 2) for key in keys], "t", path=tmp_path / "b.json")
@@ -80,7 +80,7 @@ def test_measured_times_replace_the_curves_for_those_calls_only(tmp_path: Path, 
     profile = dataclasses.replace(synthetic_profile(dispatch_s=0.0), status="measured")
     device = DeviceModel("local-cpu", "cpu", profile)
     dw_forward = next(r for r in convolutions if r.op == "convolution" and r.conv.groups == 8)
-    key = shape_key(dw_forward.op, dw_forward.dtypes[0], dw_forward.conv)
+    key = shape_key(dw_forward.op, dw_forward.dtypes, dw_forward.conv)
     # 3 ms, far from the curve's microseconds: the op's kernel is exactly that; other ops keep the curves
     timed = dataclasses.replace(device, measured_s={key: 3e-3})
     before = estimate_records(trace.records, "fp32", device)
@@ -94,7 +94,7 @@ def test_measured_times_replace_the_curves_for_those_calls_only(tmp_path: Path, 
     overhead = load_hwdb([]).memory_overhead_default()
     local = EstimateTarget("local-cpu", "this CPU", device, 0, overhead, local=True, note="quick calibration")
     measured = with_measured_shapes(local, trace.records, "fp32", lambda message: None)
-    assert set(measured.device.measured_s) == {shape_key(r.op, r.dtypes[0], r.conv) for r in convolutions}
+    assert set(measured.device.measured_s) == {shape_key(r.op, r.dtypes, r.conv) for r in convolutions}
     assert measured.note == "quick calibration; 4 of 4 convolution shapes timed on this CPU " \
                             f"(4 now, {measured.note.split('now, ')[1].split(' s)')[0]} s)"
     gpu = EstimateTarget("h100", "H100", DeviceModel("h100", "gpu", profile), 0, overhead)

@@ -29,6 +29,7 @@ import torch
 
 from advisor.atomic import write_atomically
 from advisor.calibration.cache import cache_dir
+from advisor.probe.cpu import available_memory_bytes
 from advisor.profile.costs import ConvGeometry
 
 MEASURE_BUDGET_S = 6.0
@@ -43,11 +44,12 @@ FORMAT = "gpu-advisor-shapes"
 ShapeKey = tuple[Any, ...]
 
 
-def shape_key(op: str, dtype: str, geometry: ConvGeometry) -> ShapeKey | None:
-    """What a convolution's time depends on; None for a call whose sizes the trace did not keep."""
-    if not geometry.input_shape or not geometry.padding:
+def shape_key(op: str, dtypes: tuple[str, ...], geometry: ConvGeometry) -> ShapeKey | None:
+    """What a convolution's time depends on (`dtypes`: its record's, the first being its tensors'); None for a
+    call whose sizes or dtype the trace did not keep."""
+    if not geometry.input_shape or not geometry.padding or not dtypes:
         return None
-    return (op, dtype, geometry.input_shape, geometry.weight_shape, geometry.stride, geometry.padding,
+    return (op, dtypes[0], geometry.input_shape, geometry.weight_shape, geometry.stride, geometry.padding,
             geometry.dilation, geometry.transposed, geometry.output_padding or (0,) * len(geometry.stride),
             geometry.groups, geometry.computes, geometry.channels_last)
 
@@ -141,17 +143,6 @@ def _child() -> None:
     print(json.dumps(timed))
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def store_path() -> Path:
     return cache_dir() / "calibration" / "cpu-shapes.json"
 
@@ -198,7 +189,7 @@ def measure_shapes(keys: Iterable[tuple[ShapeKey, float]], profile_created: str,
     wanted = dict(keys)
     stored = load_stored(profile_created, path)
     found = {key: stored[key] for key in wanted if key in stored}
-    available = _available_bytes()
+    available = available_memory_bytes()
     todo = sorted((key for key in wanted if key not in found),
                   key=lambda key: (not is_depthwise(key), -wanted[key]))
     started = time.perf_counter()

@@ -284,7 +284,7 @@ class _OpTimer:
         """The op's time measured on this device at its exact shapes (DeviceModel.measured_s), if it was."""
         if not self.device.measured_s or record.conv is None:
             return None
-        key = shape_key(record.op, record.dtypes[0] if record.dtypes else "", record.conv)
+        key = shape_key(record.op, record.dtypes, record.conv)
         return None if key is None else self.device.measured_s.get(key)
 
     def _fused_attention_seconds(self, record: OpRecord, kind: OpClass) -> float:

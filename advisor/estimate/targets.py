@@ -187,7 +187,7 @@ def with_measured_shapes(target: EstimateTarget, records: Sequence[OpRecord], pr
         return target
     wanted: dict[tuple, float] = {}
     for record, seconds in zip(convolutions, kernel_seconds(convolutions, precision, device), strict=True):
-        key = shape_key(record.op, record.dtypes[0] if record.dtypes else "", record.conv)
+        key = shape_key(record.op, record.dtypes, record.conv)
         if key is not None:
             wanted[key] = max(seconds, wanted.get(key, 0.0))
     if not wanted:
