@@ -8,7 +8,8 @@ import torch
 
 from advisor.hardware.specs import MemoryOverhead
 from advisor.memory.allocator import CachingAllocator, segment_size
-from advisor.memory.estimate import BatchMemoryModel, StepMemory, device_memory, parameter_formula_bytes
+from advisor.memory.estimate import (BatchMemoryModel, StepMemory, cannot_hold, device_memory,
+                                     parameter_formula_bytes)
 from advisor.profile.trace import OPTIMIZERS, trace_training_step
 
 MIB = 2**20
@@ -156,6 +157,10 @@ def test_device_memory_adds_context_and_workspace_and_parts_sum_to_peak() -> Non
     assert result.allocated_bytes == 14 * MIB and result.reserved_bytes == 16 * MIB
     tighter = device_memory(step, type("G", (), {"id": "t", "memory_bytes": 415 * MIB})(), overhead)
     assert not tighter.fits and tighter.missing_bytes == MIB
+    # the bound before a re-play: 400 + 8 MiB + 6 MiB of tensors = 414 MiB, so 413 MiB cannot hold it, 415 might
+    too_small, enough = (type("G", (), {"id": "t", "memory_bytes": mib * MIB})() for mib in (413, 415))
+    assert cannot_hold(step.tensor_peak, too_small, overhead) and not cannot_hold(step.tensor_peak, enough, overhead)
+    assert not cannot_hold(step.tensor_peak, too_small, overhead, cuda_context_bytes=399 * MIB)
 
 
 def test_parameter_formula_baseline() -> None:

@@ -51,7 +51,9 @@ def test_ddp_rank_memory_adds_the_buckets_and_fsdp_shards_the_state() -> None:
                 StorageLife(1000, 1, 3, "gradients", "g"))
     memory = LiveMemory(storages, (0, 1, 2, ~2), (BEFORE_STEP, BEFORE_STEP, 1, 3),
                         {"forward": 0, "backward": 1, "optimizer": 2}, 4)
-    assert memory.peak().bytes == 4000
+    assert memory.peak().bytes == memory.peak_bytes() == 4000
+    # rounded to 1536-byte blocks: 1536 + 3072 + 1536 = 6144 at the gradients' allocation
+    assert memory.peak_bytes(1536) == memory.peak(1536).bytes == 6144
     ddp = per_rank_memory(memory, Layout("ddp", 2, 8), Units((), (), 10))
     assert ddp.peak().bytes == 5000  # + 1000 B of buckets
     fsdp = per_rank_memory(memory, Layout("fsdp", 2, 8), Units((), (), 10))

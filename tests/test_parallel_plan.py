@@ -195,3 +195,29 @@ def test_ddp_memory_is_replayed_once_for_every_gpu_count() -> None:
     assert layouts.step(Layout("ddp", 1, 1)) != layouts.step(two)  # one GPU has no gradient buckets
     zero1 = [layouts.step(Layout("zero1", n, 8)) for n in (2, 8)]
     assert zero1[0].allocated > zero1[1].allocated  # AdamW's moments: 1/2 of them per rank, then 1/8
+
+
+def test_gpus_too_small_for_the_tensors_are_ruled_out_before_the_allocator_is_replayed(db) -> None:
+    # the mlp at batch 64 on a GPU of 4 KiB: every count's leanest layout holds more tensors than that, so
+    # smallest_fit finds none without re-playing any layout's allocator (only their tensors' peaks)
+    from dataclasses import replace as replaced
+
+    from advisor.estimate.parallel import LayoutMemory, scale_out_counts
+    from advisor.estimate.plan import smallest_fit
+    from advisor.memory.plan import trace_both_batches
+    from advisor.parallel.strategy import Layout
+
+    settings = EstimateSettings(MemorySettings(64, "amp-bf16", "adamw"), Job(samples=1000, epochs=1))
+    trace, second = trace_both_batches(load_model_file("mlp"), settings.memory)
+    [target] = database_targets(db, [db.gpu("h100-sxm")], load_families(db))
+    tiny = replaced(target, memory_bytes=4096)
+    layouts = LayoutMemory(trace, second)
+    assert smallest_fit(trace, settings, tiny, db, layouts) is None
+    assert layouts.stored() is None  # nothing re-played
+    # the bound is the peak the re-play finds for the tensors, and the allocator reserves at least that
+    fsdp = Layout("fsdp", 8, 8)
+    bound = layouts.tensor_peak(fsdp)
+    assert bound == layouts.step(fsdp).tensor_peak <= layouts.step(fsdp).reserved
+    # on the real H100 the same search re-plays the layout it sizes and finds the fewest GPUs
+    found = smallest_fit(trace, settings, target, db, LayoutMemory(trace, second))
+    assert found is not None and found.num_gpus == scale_out_counts(db, db.gpu("h100-sxm"))[0]  # 8: one p5

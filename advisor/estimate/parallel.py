@@ -24,6 +24,7 @@ from advisor.errors import UserError
 from advisor.estimate.costs import instances_for
 from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
+from advisor.memory.allocator import MIN_BLOCK
 from advisor.memory.estimate import BatchMemoryModel, StepMemory, device_memory
 from advisor.memory.plan import ShardedMemory
 from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
@@ -246,6 +247,8 @@ class LayoutMemory:
         self._steps: dict[tuple[str, bool, int, int], StepMemory] = dict((stored or {}).get("steps", {}))
         self._lines: dict[tuple[str, bool, int, int], BatchMemoryModel] = dict((stored or {}).get("lines", {}))
         self._stored_count = len(self._steps) + len(self._lines)
+        self._peaks: dict[tuple[str, bool, int, int], int] = {}
+        self._ranks: dict[tuple[str, bool, int, int], StepTrace] = {}  # rank traces whose peak alone was needed
         self._plan: TensorPlan | str | None = None
         self._tensor: dict[tuple[int, bool], StepTrace] = {}
 
@@ -308,9 +311,24 @@ class LayoutMemory:
         """One rank's memory at the traced batch."""
         key = self._key(layout)
         if key not in self._steps:
-            self._steps[key] = StepMemory.of_trace(rank_trace(self.tensor_trace(layout.tp), layout,
-                                                              self.sharding_for(layout.tp)))
+            self._steps[key] = StepMemory.of_trace(self._ranks.pop(key, None) or self._rank_trace(layout))
         return self._steps[key]
+
+    def tensor_peak(self, layout: Layout) -> int:
+        """One rank's tensors' peak at the traced batch, bytes (StepMemory.tensor_peak), without re-playing its
+        allocator: a lower bound of what it reserves, which rules out GPUs too small at a fraction of the
+        cost (Llama-3-70B at batch 8 fits no count of any GPU: ten fsdp layouts per GPU type were re-played)."""
+        key = self._key(layout)
+        if key in self._steps:
+            return self._steps[key].tensor_peak
+        if key not in self._peaks:
+            rank = self._ranks[key] = self._rank_trace(layout)
+            assert rank.memory is not None
+            self._peaks[key] = rank.memory.peak_bytes(MIN_BLOCK)
+        return self._peaks[key]
+
+    def _rank_trace(self, layout: Layout) -> StepTrace:
+        return rank_trace(self.tensor_trace(layout.tp), layout, self.sharding_for(layout.tp))
 
     def batch_model(self, layout: Layout) -> BatchMemoryModel | None:
         """One rank's memory against its batch (the second trace re-played only when asked; None without

@@ -46,7 +46,7 @@ from advisor.errors import UserError
 from advisor.estimate.targets import EstimateTarget, with_measured_shapes
 from advisor.hardware.specs import HardwareDB
 from advisor.units import GIB
-from advisor.memory.estimate import DeviceMemory, device_memory
+from advisor.memory.estimate import DeviceMemory, cannot_hold, device_memory
 from advisor.memory.plan import MemorySettings, layouts_cache_key, step_memory, trace_both_batches
 from advisor.pipeline.hosts import physical_memory_bytes, this_machine_cpu, thread_speed
 from advisor.pipeline.links import host_link_rate
@@ -555,11 +555,11 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
         if isinstance(machines, str):
             continue
         strategies = strategies_for(settings.parallel, machines.nodes, count)
-        lean = "fsdp" if "fsdp" in strategies else strategies[-1]
-        memory = device_memory(layouts.step(Layout(lean, count, machines.gpus_per_node)), target,
-                               target.memory_overhead, None, settings.memory.cuda_context_bytes,
-                               communicator_bytes(db, machines))
-        if memory.fits:
+        lean = Layout("fsdp" if "fsdp" in strategies else strategies[-1], count, machines.gpus_per_node)
+        context, nccl = settings.memory.cuda_context_bytes, communicator_bytes(db, machines)
+        if cannot_hold(layouts.tensor_peak(lean), target, target.memory_overhead, context, nccl):
+            continue
+        if device_memory(layouts.step(lean), target, target.memory_overhead, None, context, nccl).fits:
             return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline,
                                      single=single)
     return None

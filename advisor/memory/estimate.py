@@ -185,6 +185,15 @@ def device_memory(
     )
 
 
+def cannot_hold(tensor_peak: int, gpu: MemoryDevice, overhead: MemoryOverhead, cuda_context_bytes: int | None = None,
+                communicator_bytes: int = 0) -> bool:
+    """Whether a step whose tensors peak at `tensor_peak` bytes surely does not fit on `gpu`, before its
+    allocator is re-played: the allocator reserves at least the tensors' peak, so device_memory's peak
+    (with the same arguments) is at least this sum."""
+    context = overhead.cuda_context_bytes if cuda_context_bytes is None else cuda_context_bytes
+    return context + communicator_bytes + overhead.cublas_workspace_bytes + tensor_peak > gpu.memory_bytes
+
+
 def parameter_formula_bytes(params: int, precision: str, optimizer: str, frozen_bytes: int = 0) -> int:
     """The parameter-count baseline (as `accelerate estimate-memory` and DeepSpeed's estimators
     compute it): weights + gradients + optimizer state per trainable parameter, no activations, no
