@@ -117,3 +117,34 @@ def test_pure_low_precision_keeps_tied_weights_tied(precision: str, convert: boo
     assert trace.params == 10 * 16  # one 10x16 matrix, not two
     # weights: the one matrix in 2-byte floats, 160 * 2 = 320 bytes
     assert trace.memory.total("weights") == 320
+
+
+def test_initialisers_write_no_values_into_fake_tensors() -> None:
+    # nn.Linear(4, 5) runs kaiming_uniform_ and uniform_ (aten.uniform_ twice); nn.LayerNorm ones_/zeros_
+    # (aten.fill_); under ValuesLeftUnwritten none of them reaches the modes below it, the allocations do
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from advisor.profile.build import ValuesLeftUnwritten
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode(), Seen() as seen:
+        nn.Linear(4, 5), nn.LayerNorm(5)
+        assert {"uniform_.default", "fill_.Scalar"} <= set(seen.names)
+        seen.names.clear()
+        with ValuesLeftUnwritten():
+            linear = nn.Linear(4, 5)
+            nn.LayerNorm(5)
+            known = torch.tensor(3.0)  # a fake tensor with a constant: its write is known, so it is made
+            known.fill_(5.0)
+    assert "uniform_.default" not in seen.names and seen.names.count("fill_.Scalar") == 1
+    assert seen.names.count("empty.memory_format") == 4 and linear.weight.shape == (5, 4)
+    assert known.constant is not None and known.constant.item() == 5.0

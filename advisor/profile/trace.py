@@ -43,7 +43,7 @@ from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISION_TABLE,
 from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import backward_runs_here
-from advisor.profile.build import fake_twins, weights_on_meta
+from advisor.profile.build import ValuesLeftUnwritten, fake_twins, weights_on_meta
 from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
 from advisor.profile.finite import FiniteActivations
@@ -1007,7 +1007,8 @@ def _build_on_fake(setup: _Setup) -> torch.nn.Module:
     uninitialised parameters). The build on meta weights then runs it on real tensors, and reports
     the user's error if there is one."""
     try:
-        with user_code("build_model()", setup.source, DATA_DEPENDENT_ERRORS), fake_tensor_conversions():
+        with user_code("build_model()", setup.source, DATA_DEPENDENT_ERRORS), fake_tensor_conversions(), \
+                ValuesLeftUnwritten():
             model = setup.build_model()
     except (*DATA_DEPENDENT_ERRORS, UserCodeError) as exc:
         raise _ConstructorNeedsValues from exc
