@@ -56,6 +56,32 @@ def test_fitted_curves_pass_through_the_published_measurements(db: HardwareDB) -
     assert 225e9 < a100.peak_bytes_per_s < 250e9 and 8 * MIB < a100.half_bytes < 20 * MIB
 
 
+def test_three_or_more_sizes_fit_as_scipys_curve_fit_does(db: HardwareDB) -> None:
+    # the same least squares in log space and bounds, solved by scipy's trust-region curve_fit
+    import math
+
+    import numpy
+    from scipy.optimize import curve_fit
+
+    def log_busbw(size, log_peak, log_half, exponent):
+        return log_peak - numpy.log1p(numpy.exp(exponent * (log_half - numpy.log(size))))
+
+    fitted = [link for link in db.interconnects if link.half_bandwidth_bytes is None and len(link.busbw_points) > 2]
+    assert len(fitted) >= 3  # nvlink3-nvswitch, efa-400g, efa-3200g
+    for link in fitted:
+        sizes = numpy.array([size for size, _ in link.busbw_points])
+        measured = numpy.log([busbw for _, busbw in link.busbw_points])
+        top = float(numpy.exp(measured.max()))
+        start = [math.log(top * 1.05), math.log(float(numpy.median(sizes))), 1.0]
+        bounds = ([math.log(top * 0.9), math.log(1e3), 0.3], [math.log(top * 3), math.log(1e12), 3.0])
+        (log_peak, log_half, exponent), _ = curve_fit(log_busbw, sizes, measured, p0=start, bounds=bounds)
+        curve = fitted_curve(link)
+        assert curve.peak_bytes_per_s == pytest.approx(math.exp(log_peak), rel=1e-5), link.id
+        assert curve.half_bytes == pytest.approx(math.exp(log_half), rel=1e-5), link.id
+        assert curve.exponent == pytest.approx(exponent, rel=1e-5), link.id
+        assert curve.exponent != 1.0  # a fit, not the two-point rule
+
+
 def test_two_sizes_fix_latency_and_bandwidth() -> None:
     # 150 GB/s at 58 MiB and 370 GB/s at 8192 MiB with k = 1: b1 (1 + h / s1) = b2 (1 + h / s2)
     # h = (370 - 150) / (150 / 58 - 370 / 8192) MiB = 86.57 MiB; peak = 150 x (1 + 86.57 / 58) = 373.9 GB/s

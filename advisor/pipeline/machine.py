@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy
 import torch
-from scipy.optimize import curve_fit, nnls
 
 from advisor.calibration.contention import cpu_snapshot
 from advisor.pipeline.measure import loader_throughput, measure_samples, spread
@@ -215,6 +214,7 @@ def _fit_costs(spreads: list[float]) -> tuple[float, float]:
         spreads.append(spread(runs))
         rows.append([1.0, BATCH * size])
         extras.append(BATCH / max(runs) - own)
+    from scipy.optimize import nnls  # here: estimates import this module and fit nothing (0.3 s of scipy)
     (batch_s, byte_s), _ = nnls(numpy.array(rows), numpy.array(extras))
     return float(batch_s), float(byte_s)
 
@@ -229,6 +229,7 @@ def fit_scaling(relative: dict[int, float]) -> tuple[float, float]:
     assert counts and counts[0] == 1, counts
     if len(counts) == 1:
         return 0.0, 0.0
+    from scipy.optimize import curve_fit  # here: estimates import this module and fit nothing
     x = numpy.array(counts, dtype=float)
     y = numpy.array([relative[n] for n in counts])
     if len(counts) == 2:
