@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from advisor.hardware.specs import MemoryOverhead
-from advisor.memory.allocator import CachingAllocator, segment_size
+from advisor.memory.allocator import CachingAllocator, replay, segment_size
 from advisor.memory.estimate import (BatchMemoryModel, StepMemory, cannot_hold, device_memory,
                                      parameter_formula_bytes)
 from advisor.profile.trace import OPTIMIZERS, trace_training_step
@@ -107,6 +107,44 @@ def test_allocator_segments_and_reuse_by_hand() -> None:
     assert allocator.peak_allocated == 512 + 20 * MIB and allocator.segments == 2
     # requests of 10 MiB and more get their own segment rounded to 2 MiB
     assert segment_size(11 * MIB + 1) == 12 * MIB and segment_size(MIB) == 2 * MIB
+
+
+def _replayed_call_by_call(memory, steps: int = 2) -> tuple[int, int, int]:
+    """allocator.replay's semantics with CachingAllocator's own malloc and free: each step's events, then
+    what the step still holds freed in the order it was allocated; what lived before the step only once."""
+    allocator = CachingAllocator()
+    blocks = {}
+    in_step = [s.allocated_at >= 0 for s in memory.storages]
+    for step in range(steps):
+        for event in memory.events:
+            index = event if event >= 0 else ~event
+            if step > 0 and not in_step[index]:
+                continue
+            if event >= 0:
+                blocks[index] = allocator.malloc(memory.storages[index].nbytes)
+            else:
+                allocator.free(blocks.pop(index))
+        for index in [i for i in blocks if in_step[i]]:
+            allocator.free(blocks.pop(index))
+    return allocator.peak_allocated, allocator.peak_reserved, allocator.segments
+
+
+def test_the_inlined_replay_matches_the_allocator_call_by_call() -> None:
+    # the 7B example and ResNet-50, one GPU and fsdp / zero1 ranks: large and small pools,
+    # splits, merges, storages held past the step
+    from advisor.estimate.parallel import LayoutMemory
+    from advisor.parallel.strategy import Layout
+    from advisor.profile.model_file import load_model_file
+    from advisor.memory.plan import MemorySettings, trace_both_batches
+
+    for name, batch in (("llama", 1), ("resnet50", 8)):
+        trace, second = trace_both_batches(load_model_file(name), MemorySettings(batch, "amp-bf16", "adamw"),
+                                           parallel=False)
+        layouts = LayoutMemory(trace, second)
+        for rank in (trace, second, layouts._rank_trace(Layout("fsdp", 4, 8)), layouts._rank_trace(Layout("zero1", 2, 8))):
+            peaks = replay(rank.memory)
+            assert (peaks.allocated, peaks.reserved, peaks.segments) == _replayed_call_by_call(rank.memory), name
+            assert peaks.reserved >= peaks.allocated > 0
 
 
 def test_memory_grows_linearly_with_batch_so_two_traces_predict_a_third() -> None:

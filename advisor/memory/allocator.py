@@ -155,22 +155,85 @@ class CachingAllocator:
 def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
     """Replay the step's allocations and frees `steps` times in a row, as a training loop runs them:
     what the step allocated and still held at its end is freed before the next one (the next step
-    replaces it). Storages alive before the step are allocated first, in creation order."""
-    allocator = CachingAllocator()
-    malloc, free = allocator.malloc_rounded, allocator.free
-    blocks: dict[int, _Block | None] = {}
+    replaces it), in the order it was allocated. Storages alive before the step are allocated first, in
+    creation order, once.
+
+    CachingAllocator's malloc_rounded and free, inlined into one loop over the events: the multi-GPU
+    planner re-plays a step per layout it sizes (the 7B example over every GPU: 20 re-plays of 10,000
+    events each), and the calls and attribute look-ups were half of it. tests/test_memory.py checks the
+    peaks against CachingAllocator driven call by call."""
     sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
     in_step = [s.allocated_at >= 0 for s in memory.storages]
-    events = memory.events
+    freed = {~e for e in memory.events if e < 0}
+    held = [e for e in memory.events if e >= 0 and in_step[e] and e not in freed]  # freed before the next step
+    first = [*memory.events, *(~e for e in held)]
+    later = [e for e in first if in_step[e if e >= 0 else ~e]]
+    small_pool: list[int] = []  # free blocks as sorted keys (ADDRESS_BITS), as CachingAllocator's pools
+    large_pool: list[int] = []
+    free_blocks: dict[int, _Block] = {}
+    blocks: dict[int, _Block | None] = {}
+    bisect_left, insort = bisect.bisect_left, bisect.insort
+    next_address = allocated = reserved = peak_allocated = peak_reserved = segments = 0
     for step in range(steps):
-        if step == 1:  # alive before the step: allocated once
-            events = [e for e in events if in_step[e if e >= 0 else ~e]]
-        for event in events:
-            if event >= 0:
+        for event in first if step == 0 else later:
+            if event >= 0:  # malloc_rounded
                 size = sizes[event]
-                blocks[event] = malloc(size) if size else None
-            else:
-                free(blocks.pop(~event))
-        for index in [i for i in blocks if in_step[i]]:
-            free(blocks.pop(index))
-    return allocator.peaks()
+                if not size:
+                    blocks[event] = None
+                    continue
+                small = size <= SMALL_REQUEST
+                pool = small_pool if small else large_pool
+                position = bisect_left(pool, size << ADDRESS_BITS)
+                if position < len(pool):
+                    block = free_blocks.pop(pool.pop(position) & ADDRESS_MASK)
+                else:
+                    nbytes = segment_size(size)
+                    block = _Block(nbytes, next_address, small)
+                    next_address += nbytes
+                    reserved += nbytes
+                    segments += 1
+                    if reserved > peak_reserved:
+                        peak_reserved = reserved
+                remaining = block.size - size
+                if remaining >= MIN_BLOCK if small else remaining > SMALL_REQUEST:
+                    rest = _Block(remaining, block.address + size, small)
+                    following = block.next
+                    rest.previous, rest.next = block, following
+                    if following is not None:
+                        following.previous = rest
+                    block.next, block.size = rest, size
+                    insort(pool, remaining << ADDRESS_BITS | rest.address)
+                    free_blocks[rest.address] = rest
+                block.free = False
+                allocated += block.size
+                if allocated > peak_allocated:
+                    peak_allocated = allocated
+                blocks[event] = block
+                continue
+            block = blocks.pop(~event)  # free
+            if block is None:
+                continue
+            allocated -= block.size
+            block.free = True
+            previous, following = block.previous, block.next
+            if previous is not None and previous.free:
+                pool = small_pool if previous.small else large_pool
+                del pool[bisect_left(pool, previous.size << ADDRESS_BITS | previous.address)]
+                del free_blocks[previous.address]
+                previous.size += block.size
+                previous.next = following
+                if following is not None:
+                    following.previous = previous
+                block = previous
+            if following is not None and following.free:
+                pool = small_pool if following.small else large_pool
+                del pool[bisect_left(pool, following.size << ADDRESS_BITS | following.address)]
+                del free_blocks[following.address]
+                block.size += following.size
+                block.next = following.next
+                if following.next is not None:
+                    following.next.previous = block
+            insort(small_pool if block.small else large_pool, block.size << ADDRESS_BITS | block.address)
+            free_blocks[block.address] = block
+    assert next_address <= ADDRESS_MASK, "more memory than a pool key's address holds"
+    return AllocatorPeaks(peak_allocated, peak_reserved, segments)
