@@ -249,6 +249,7 @@ class LayoutMemory:
         self._stored_count = len(self._steps) + len(self._lines)
         self._peaks: dict[tuple[str, bool, int, int], int] = {}
         self._ranks: dict[tuple[str, bool, int, int], StepTrace] = {}  # rank traces whose peak alone was needed
+        self._collectives: dict[tuple[Layout, int], list[Collective]] = {}
         self._plan: TensorPlan | str | None = None
         self._tensor: dict[tuple[int, bool], StepTrace] = {}
 
@@ -295,6 +296,14 @@ class LayoutMemory:
         base = self._second_sharding if second else self.sharding
         assert base is not None
         return base if tp == 1 else base.tensor_parallel(self.split_plan().kept_share(tp))
+
+    def collectives(self, layout: Layout, micro_batches: int) -> list[Collective]:
+        """One rank's data-parallel collectives in a step of `layout` (step_collectives), made once per layout:
+        every GPU type of the same count asks for the same ones (the 7B example over every GPU: 18 calls)."""
+        key = (layout, micro_batches)
+        if key not in self._collectives:
+            self._collectives[key] = step_collectives(layout, self.sharding_for(layout.tp), micro_batches)
+        return list(self._collectives[key])
 
     def tensor_collectives(self, tp: int, micro_batches: int) -> list[Collective]:
         """Each rank's all-reduces in its tensor-parallel group of `tp` (none for 1)."""

@@ -29,7 +29,6 @@ from advisor.estimate.parallel import (
     machines_for,
     scale_out_counts,
     sharded_step,
-    step_collectives,
     asks_tensor_parallelism,
     strategies_for,
     tensor_degree,
@@ -497,7 +496,7 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
     for strategy in strategies:
         layout = Layout(strategy, machines.gpus, machines.gpus_per_node, tp)
         memory = device_memory(layouts.step(layout), target, target.memory_overhead, None, context, nccl)
-        found = step_collectives(layout, layouts.sharding_for(tp), micro_batches) + tensor
+        found = layouts.collectives(layout, micro_batches) + tensor
         comm = communication(found, machines, compute, micro_batches, target.device.sm_count)
         tried.append((layout, memory, comm, sharded_step(compute, layout, comm)))
     alternatives = [Alternative(layout.name, memory.fits, memory.peak_bytes, step.step_s)

@@ -202,8 +202,12 @@ class StepTrace:
     in a row (a repeated block's iterations, modules aside), for estimators that time a run once."""
 
     def flops(self, phase: str | None = None) -> float:
-        """Total FLOPs of the step, or of one phase."""
-        return sum(r.flops for r in self.records if phase is None or r.phase == phase)
+        """Total FLOPs of the step, or of one phase (summed once per trace: estimate_device asks for them per
+        device)."""
+        totals = self.__dict__.setdefault("_flops", {})  # a frozen dataclass: the cache beside its fields
+        if phase not in totals:
+            totals[phase] = sum(r.flops for r in self.records if phase is None or r.phase == phase)
+        return totals[phase]
 
     def model_forward_flops(self) -> float:
         """FLOPs of the model's forward alone (the loss left out): what a forward profile counts."""
