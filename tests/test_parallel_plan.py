@@ -214,10 +214,11 @@ def test_gpus_too_small_for_the_tensors_are_ruled_out_before_the_allocator_is_re
     layouts = LayoutMemory(trace, second)
     assert smallest_fit(trace, settings, tiny, db, layouts) is None
     assert layouts.stored() is None  # nothing re-played
-    # the bound is the peak the re-play finds for the tensors, and the allocator reserves at least that
-    fsdp = Layout("fsdp", 8, 8)
-    bound = layouts.tensor_peak(fsdp)
-    assert bound == layouts.step(fsdp).tensor_peak <= layouts.step(fsdp).reserved
+    # the bounds: what every rank holds whole (activations, inputs, temporaries), below any layout's tensors'
+    # peak; that peak, which the re-play finds too; the allocator reserves at least that
+    for layout in (Layout("fsdp", 8, 8), Layout("zero1", 2, 8), Layout("ddp", 4, 8)):
+        bound = layouts.tensor_peak(layout)
+        assert 0 < layouts.whole_peak() <= bound == layouts.step(layout).tensor_peak <= layouts.step(layout).reserved
     # on the real H100 the same search re-plays the layout it sizes and finds the fewest GPUs
     found = smallest_fit(trace, settings, target, db, LayoutMemory(trace, second))
     assert found is not None and found.num_gpus == scale_out_counts(db, db.gpu("h100-sxm"))[0]  # 8: one p5

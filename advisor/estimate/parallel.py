@@ -33,6 +33,7 @@ from advisor.parallel.strategy import (
     LOW_PRECISION_SHARE,
     Collective,
     Layout,
+    WHOLE_ON_EVERY_RANK,
     Units,
     collectives,
     fsdp_units,
@@ -250,6 +251,7 @@ class LayoutMemory:
         self._peaks: dict[tuple[str, bool, int, int], int] = {}
         self._ranks: dict[tuple[str, bool, int, int], StepTrace] = {}  # rank traces whose peak alone was needed
         self._collectives: dict[tuple[Layout, int], list[Collective]] = {}
+        self._whole: dict[int, int] = {}
         self._plan: TensorPlan | str | None = None
         self._tensor: dict[tuple[int, bool], StepTrace] = {}
 
@@ -335,6 +337,16 @@ class LayoutMemory:
             assert rank.memory is not None
             self._peaks[key] = rank.memory.peak_bytes(MIN_BLOCK)
         return self._peaks[key]
+
+    def whole_peak(self, tp: int = 1) -> int:
+        """The peak of what every data-parallel rank of a tensor-parallel group of `tp` holds whole (inputs,
+        activations, backward temporaries: strategy.WHOLE_ON_EVERY_RANK), bytes: a lower bound of any such
+        rank's tensors' peak, whatever the strategy and GPU count, found without a rank trace."""
+        if tp not in self._whole:
+            memory = self.tensor_trace(tp).memory
+            assert memory is not None
+            self._whole[tp] = memory.peak_bytes(MIN_BLOCK, WHOLE_ON_EVERY_RANK)
+        return self._whole[tp]
 
     def _rank_trace(self, layout: Layout) -> StepTrace:
         return rank_trace(self.tensor_trace(layout.tp), layout, self.sharding_for(layout.tp))

@@ -556,7 +556,8 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
         strategies = strategies_for(settings.parallel, machines.nodes, count)
         lean = Layout("fsdp" if "fsdp" in strategies else strategies[-1], count, machines.gpus_per_node)
         context, nccl = settings.memory.cuda_context_bytes, communicator_bytes(db, machines)
-        if cannot_hold(layouts.tensor_peak(lean), target, target.memory_overhead, context, nccl):
+        if any(cannot_hold(peak(), target, target.memory_overhead, context, nccl)  # bounds first, cheapest first
+               for peak in (lambda: layouts.whole_peak(lean.tp), lambda: layouts.tensor_peak(lean))):
             continue
         if device_memory(layouts.step(lean), target, target.memory_overhead, None, context, nccl).fits:
             return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline,

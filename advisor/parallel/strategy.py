@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from advisor.profile.live_memory import BEFORE_STEP, LiveMemory, StorageLife
+from advisor.profile.live_memory import BEFORE_STEP, CATEGORIES, LiveMemory, StorageLife
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
 """Data-parallel strategies modelled (PRODUCT.md's `--parallel` values, "auto" and "tp" aside)."""
@@ -46,6 +46,10 @@ SHARDED = {
 }
 """Memory categories (live_memory.CATEGORIES) each rank holds one shard of."""
 assert set(SHARDED) == set(STRATEGIES)
+
+WHOLE_ON_EVERY_RANK = frozenset(CATEGORIES) - frozenset().union(*SHARDED.values()) - {"weight_copies"}
+"""Categories every data-parallel rank holds as one GPU does (per_rank_memory changes none of them, and only
+adds storages): the micro-batch's inputs, activations and backward temporaries."""
 
 FULLY_SHARDED = frozenset({"zero2", "fsdp", "hsdp"})
 """Strategies run by fully_shard (FSDP2): units gathered and reduce-scattered; the others run DDP."""

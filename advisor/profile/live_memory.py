@@ -116,10 +116,12 @@ class LiveMemory:
         """Each storage's size rounded up to the allocator's `block` bytes."""
         return [round_up(s.nbytes, block) for s in self.storages]
 
-    def peak_bytes(self, block: int = 1) -> int:
+    def peak_bytes(self, block: int = 1, categories: frozenset[str] | None = None) -> int:
         """The highest live bytes over the step, sizes rounded to `block`: peak(block).bytes without its
-        breakdown (one pass, for a quick bound)."""
+        breakdown (one pass, for a quick bound); with `categories`, of those categories' storages alone."""
         sizes = self.sizes(block)
+        if categories is not None:
+            sizes = [size if s.category in categories else 0 for size, s in zip(sizes, self.storages)]
         return max(itertools.accumulate(sizes[e] if e >= 0 else -sizes[~e] for e in self.events), default=0)
 
     def peak(self, block: int = 1, phase: str | None = None) -> MemoryPeak:
