@@ -240,3 +240,16 @@ def test_a_compiled_step_fuses_across_blocks_as_the_full_trace_does():
         assert once.step_s == pytest.approx(every_copy.step_s, rel=1e-9)
         assert sum(op.calls for op in once.ops) == len(every_copy.ops)  # the same kernels
         assert once.step_s < estimate_step(deduplicated, target.device).step_s
+
+
+def test_a_moved_record_equals_dataclasses_replace() -> None:
+    from dataclasses import fields, replace
+
+    from advisor.profile.repeated import _moved
+    from advisor.profile.trace import OpRecord
+
+    record = OpRecord("forward", "layers.1.mlp", "aten.mm.default", 240.0, 80, 96, ("fp32",), True, True, (1, 4, 6, 5))
+    moved = _moved(record, "layers.7.mlp")
+    assert moved == replace(record, module="layers.7.mlp") and moved is not record
+    assert all(getattr(moved, f.name) == getattr(record, f.name) for f in fields(record) if f.name != "module")
+    assert record.module == "layers.1.mlp"  # the template's record is left as it was
