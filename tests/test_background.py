@@ -84,3 +84,41 @@ def test_both_batches_give_the_same_memory_in_one_process_or_two() -> None:
     assert [t.batch_size for t in forked] == [t.batch_size for t in serial] == [8, 16]
     assert [StepMemory.of_trace(t) for t in forked] == [StepMemory.of_trace(t) for t in serial]
     assert [len(t.records) for t in forked] == [len(t.records) for t in serial]
+
+
+@needs_fork
+def test_the_sibling_batch_is_traced_by_a_child_from_the_built_model() -> None:
+    # the child forked after the build traces batch 4 as a trace of its own would: the same ops and memory
+    skip_unless_a_child_can_trace()
+    from advisor.profile.trace import Sibling, trace_training_step
+
+    model = load_model_file("gpt2_small")
+    built: list[int] = []
+
+    def build():  # counted in this process
+        built.append(1)
+        return model.build_model()
+
+    def trace(batch: int, sibling: Sibling | None = None):
+        return trace_training_step(build, model.example_input, batch, "amp-bf16", "adamw", model.loss_fn,
+                                   attention="cuda", sibling=sibling)
+
+    sibling = Sibling(4)
+    first = trace(2, sibling)
+    assert built == [1] and first.batch_size == 2  # one build here for both batches
+    assert sibling.trace is not None and sibling.trace.batch_size == 4
+    alone = trace(4)
+    assert sibling.trace.records == alone.records
+    assert StepMemory.of_trace(sibling.trace) == StepMemory.of_trace(alone)
+
+
+@needs_fork
+def test_a_step_on_real_input_values_leaves_the_sibling_to_the_caller() -> None:
+    # a model that reads its inputs' values is traced on real inputs (tests/test_trace.py): no child then
+    skip_unless_a_child_can_trace()
+    from advisor.profile.trace import Sibling, trace_training_step
+    from tests.test_trace import ReadsItsMask, masked_inputs
+
+    sibling = Sibling(8)
+    trace = trace_training_step(ReadsItsMask, masked_inputs, 4, "fp32", "sgd", sibling=sibling)
+    assert trace.values == "fake+real-inputs" and sibling.trace is None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -11,13 +9,13 @@ from typing import Any
 from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
-from advisor.profile.background import CHILD_GRACE_S, ForkedCall, can_fork
+from advisor.profile.background import can_fork
 from advisor.profile.adapters import Adaptation
 from advisor.profile.choices import FILE_OPTIMIZER, precision_of
 from advisor.profile import trace_cache
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
-from advisor.profile.trace import StepTrace, trace_training_step
+from advisor.profile.trace import Sibling, StepTrace, trace_training_step
 
 
 def uneven_micro_batches(batch_size: int, micro_batch: int) -> str:
@@ -142,11 +140,13 @@ class MemoryPlan:
 
 
 def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int,
-                     attention: str = "cuda", progress: Callable[[str], None] | None = None) -> StepTrace:
+                     attention: str = "cuda", progress: Callable[[str], None] | None = None,
+                     sibling: Sibling | None = None) -> StepTrace:
     """One traced step of `model` at `batch_size` samples per forward, with the settings' options;
     attention with dropout as GPUs run it, unless `attention` is "cpu" (profile/attention.py).
     `progress` hears how far a long trace got. A step traced before with the same model and settings
-    comes from the trace cache (trace_cache.py) and is stored there when traced."""
+    comes from the trace cache (trace_cache.py) and is stored there when traced; so is the step at
+    `sibling`'s batch, where a traced step brought it (profile.trace.Sibling)."""
     key = _cache_key(model, settings, batch_size, attention)
     cached = trace_cache.load(key)
     if cached is not None:
@@ -156,8 +156,10 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
                                 checkpointing=settings.checkpointing,
                                 accumulate_gradients=settings.accumulate_gradients, attention=attention,
                                 timeout_s=settings.trace_timeout_s, progress=progress,
-                                build_optimizer=model.optimizer, adaptation=settings.adaptation)
+                                build_optimizer=model.optimizer, adaptation=settings.adaptation, sibling=sibling)
     trace_cache.store(key, trace)
+    if sibling is not None and sibling.trace is not None:
+        trace_cache.store(_cache_key(model, settings, sibling.batch_size, attention), sibling.trace)
     return trace
 
 
@@ -186,8 +188,8 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
                        parallel: bool = True, attention: str = "cuda") -> tuple[StepTrace, StepTrace]:
     """The step traced at the settings' batch (or `trace`, reused) and at twice it, for the memory
     line against batch size, with attention traced the `attention` way (trace_for_memory). With
-    `parallel` and a second CPU, the larger trace runs in a forked child while this process makes the
-    first (see advisor.profile.background); the traces are the same either way."""
+    `parallel` and a second CPU, the larger trace runs in a child forked once the model is built, while
+    this process traces the first (profile.trace.Sibling); the traces are the same either way."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
     if trace is None:  # the trace cache's, when a run before traced it; the second step's with it
@@ -204,14 +206,9 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
         progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
         return trace, trace_for_memory(model, settings, 2 * batch, attention)
     progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
-    started = time.perf_counter()
-    try:
-        child = ForkedCall(lambda: trace_for_memory(model, settings, 2 * batch, attention))
-    except OSError:  # no process to spare (EAGAIN, ENOMEM): the second trace runs here after the first
-        child = None
-    with child or contextlib.nullcontext():
-        trace = trace_for_memory(model, settings, batch, attention, progress)
-    second = child.result(timeout_s=CHILD_GRACE_S + time.perf_counter() - started) if child else None
+    sibling = Sibling(2 * batch)  # traced in a child forked once the model is built
+    trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
+    second = sibling.trace
     if second is None:
         progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
         second = trace_for_memory(model, settings, 2 * batch, attention)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -42,7 +43,7 @@ from advisor.process import collector_paused, signals_deferred
 from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISION_TABLE, PRECISIONS, precision_of
 from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
-from advisor.profile.background import backward_runs_here
+from advisor.profile.background import CHILD_GRACE_S, ForkedCall, backward_runs_here, can_fork
 from advisor.profile.build import ValuesLeftUnwritten, fake_twins, weights_on_meta
 from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
@@ -666,6 +667,21 @@ class _Setup:
     """LoRA adapters and the frozen base's storage (adapters.py)."""
     dedupe: bool = True
     """Trace repeated blocks once and replicate them (repeated.py)."""
+    sibling: Sibling | None = None
+    """A second batch size to trace beside this one, from the same built model (Sibling)."""
+
+
+@dataclass
+class Sibling:
+    """A second batch size traced beside the first (trace_training_step's `sibling`): a child forked once the
+    model is built traces the step at `batch_size` from there, on the other CPU, while this process traces
+    its own; `trace` is that step, or None where no child could run it (one CPU, other threads, a step that
+    needed real values) or it failed: the caller then traces that batch itself. (The memory model needs the
+    step at two batches; a child forked before the build built the model again: Llama-3-70B's 80 layers,
+    a third of its trace.)"""
+
+    batch_size: int
+    trace: StepTrace | None = None
 
 
 class _ConstructorNeedsValues(Exception):
@@ -700,6 +716,7 @@ def trace_training_step(
     build_optimizer: Callable[[list[torch.nn.Parameter]], Any] | None = None,
     adaptation: Adaptation | None = None,
     dedupe: bool = True,
+    sibling: Sibling | None = None,
 ) -> StepTrace:
     """Build the model on fake tensors and trace one steady-state training step: the optimizer's
     state already exists (a first, unrecorded step creates it), gradients were set to None by the
@@ -711,6 +728,7 @@ def trace_training_step(
     a trace that takes longer with a UserError; `progress` hears how far a long one got (watch.py).
     `dedupe` traces runs of repeated blocks once and replicates their ops and memory (repeated.py; the
     same trace, exactly, or a full trace where it cannot be shown to be).
+    `sibling` gets the step at its batch size too, traced in a child from the same built model (Sibling).
     `source` names the model file in error messages. Models whose control flow reads input values
     are traced a second time with real inputs (see the module docstring); models whose constructor
     needs tensor values are built on meta weights (build.py)."""
@@ -719,7 +737,7 @@ def trace_training_step(
     setup = _Setup(build_model, example_input, batch_size, precision, optimizer, loss_fn or default_loss, source,
                    checkpointing, accumulate_gradients, attention=attention,
                    watch=TraceWatch(timeout_s, progress, source), build_optimizer=build_optimizer,
-                   adaptation=adaptation or Adaptation(), dedupe=dedupe)
+                   adaptation=adaptation or Adaptation(), dedupe=dedupe, sibling=sibling)
     if optimizer == FILE_OPTIMIZER and build_optimizer is None:
         raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
     with signals_deferred():  # FakeTensorMode imports it on first use; native modules inside
@@ -792,19 +810,72 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
                   trimmed: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> StepTrace:
     source, batch_size = setup.source, setup.batch_size
     real = values == "real"
+    inputs = None
     if values != "fake":  # real tensors, made before fake mode starts; their fake twins are made on use
         with user_code(f"example_input({batch_size})", source):
             inputs = setup.example_input(batch_size)
     on_meta = (build_on_meta_weights(setup.build_model, setup.example_input, batch_size, source)
                if setup.construction == "meta" and not real else None)
-    fake_or_real = nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_or_real as fake_mode, LiveMemoryTracker() as memory:
+    with ExitStack() as modes:  # left inside _step_on (the step's end), or here on an error before
+        fake_mode = modes.enter_context(nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True))
+        memory = modes.enter_context(LiveMemoryTracker())
         if real:
             model = _build_for_real(setup, inputs)
         else:
             model = _build_on_fake(setup) if on_meta is None else on_meta
         if on_meta is not None:
             fake_twins(model)
+        built = _Built(modes, model, memory, fake_mode, inputs)
+
+        def step(at: _Setup) -> StepTrace:
+            return _step_on(built, at, values, memory_limit, dedupe, trimmed)
+
+        with _sibling_beside(setup, values, step):
+            return step(setup)
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A model built for a trace, inside the modes that trace it (`modes`: fake tensors, live memory)."""
+
+    modes: ExitStack
+    model: torch.nn.Module
+    memory: LiveMemoryTracker
+    fake_mode: FakeTensorMode | None
+    inputs: Any
+    """The real inputs made before the modes (values other than "fake"), else None."""
+
+
+@contextmanager
+def _sibling_beside(setup: _Setup, values: str, step: Callable[[_Setup], StepTrace]) -> Iterator[None]:
+    """Around this process's step on a built model: the step at setup.sibling's batch size in a child forked
+    from here (background.ForkedCall), which has the model built already, and its trace into the sibling
+    once this process's own is done. Only for steps on fake values, where a child can be forked; a child
+    that fails, or an error here (which kills it), leaves the sibling's trace None."""
+    sibling = setup.sibling
+    if sibling is None or values != "fake" or not can_fork():
+        yield
+        return
+    sibling.trace = None
+    twin = replace(setup, batch_size=sibling.batch_size, sibling=None, watch=setup.watch.silent())
+    started = time.perf_counter()
+    try:
+        child = ForkedCall(lambda: step(twin))
+    except OSError:  # no process to spare (EAGAIN, ENOMEM): the caller traces that batch itself
+        yield
+        return
+    with child:
+        yield
+    sibling.trace = child.result(timeout_s=CHILD_GRACE_S + time.perf_counter() - started)
+
+
+def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None, dedupe: bool,
+             trimmed: tuple[frozenset[str], frozenset[str]]) -> StepTrace:
+    """The traced step of `built`'s model at setup.batch_size (see _trace_seeded); leaves the modes."""
+    source, batch_size = setup.source, setup.batch_size
+    real = values == "real"
+    model, memory, fake_mode, inputs = built.model, built.memory, built.fake_mode, built.inputs
+    with built.modes:
         if values == "fake":
             with user_code(f"example_input({batch_size})", source):
                 inputs = setup.example_input(batch_size)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from advisor.errors import UserError
 
@@ -32,6 +32,10 @@ class TraceWatch:
 
     def __post_init__(self) -> None:
         self._next_report = self.started + REPORT_EVERY_S
+
+    def silent(self) -> TraceWatch:
+        """This watch, its deadline and count of ops, without progress reports (for a child's trace)."""
+        return replace(self, progress=None)
 
     @property
     def expired(self) -> bool:
