@@ -10,7 +10,8 @@ Each figure is the median of --repeats runs, two ways:
 - in a fresh process after the imports both sides pay alike (torch, and `torch._dynamo`, which
   FakeTensorMode's constructor imports: about 1.3 s here, measured in the same run): the first call of
   `plan()` (our own imports and the database's loading included) and of the bare pass;
-- in one long-lived process, as the TUI runs: the third call of `plan()` and of the bare pass.
+- in one long-lived process, as the TUI runs: `plan()` and the bare pass in turn, medians of STEADY_ROUNDS
+  rounds after two that warm it up.
 
 Llama-3-70B is hf:llama-3.1-70b: the same 80 layers, widths and vocabulary (the 3.1 config adds RoPE scaling).
 
@@ -96,8 +97,15 @@ def first_call(spec: str, kind: str) -> float:
     return time.perf_counter() - started
 
 
+STEADY_ROUNDS = 5
+"""Rounds of plan() then the bare pass timed in one process, after two that warm it up: the host's speed
+drifts within a run (on this shared VM the same call took 1.2 s and 1.7 s minutes apart), so the figures
+are medians of interleaved calls."""
+
+
 def in_process(spec: str) -> tuple[float, float]:
-    """(plan() seconds, bare pass seconds), each the third call in this process."""
+    """(plan() seconds, bare pass seconds) in one long-lived process: medians of STEADY_ROUNDS interleaved
+    calls after two warm-up rounds."""
     from advisor.app.plan import plan
     from advisor.app.request import PlanRequest
     from advisor.hardware.loader import load_hwdb
@@ -105,12 +113,12 @@ def in_process(spec: str) -> tuple[float, float]:
     db = load_hwdb()
     request = PlanRequest(model=spec, plans="never")
     times: dict[str, list[float]] = {"plan": [], "bare": []}
-    for _ in range(3):
+    for _ in range(2 + STEADY_ROUNDS):
         for name, work in (("plan", lambda: plan(request, db)), ("bare", lambda: bare_pass(spec))):
             started = time.perf_counter()
             work()
             times[name].append(time.perf_counter() - started)
-    return times["plan"][-1], times["bare"][-1]
+    return statistics.median(times["plan"][2:]), statistics.median(times["bare"][2:])
 
 
 def main() -> int:
@@ -158,7 +166,7 @@ def main() -> int:
              f"{os.cpu_count()} CPUs, Python {platform.python_version()}, medians of {args.repeats} fresh processes "
              "(seconds, imports included; peak RSS GB), the first call in a fresh process after the shared imports "
              f"(torch and torch._dynamo: {imports:.2f} s in a fresh process), and steady state in one process "
-             "(3rd call)",
+             f"(medians of {STEADY_ROUNDS} interleaved calls after 2)",
              f"{'model':<4} {'bare':>6} {'cold':>6} {'cold/bare':>9} {'cached':>6} {'cached/bare':>11} "
              f"{'auto':>6} {'RSS':>5} {'first':>6} {'bare 1st':>8} {'first/bare':>10} "
              f"{'steady':>6} {'bare st.':>8} {'steady/bare':>11}"]
