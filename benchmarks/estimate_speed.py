@@ -121,6 +121,29 @@ def in_process(spec: str) -> tuple[float, float]:
     return statistics.median(times["plan"][2:]), statistics.median(times["bare"][2:])
 
 
+def in_process_pair(small: str, large: str) -> tuple[float, float, float]:
+    """(plan() seconds of `small`, of `large`, the median of their ratio per round) in one long-lived process,
+    the two models' calls interleaved: STEADY_ROUNDS rounds after two warm-up rounds. Models timed in turn
+    see the same host; timed minutes apart, a drifting host moved the ratio by a third."""
+    from advisor.app.plan import plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+
+    db = load_hwdb()
+    requests = [PlanRequest(model=spec, plans="never") for spec in (small, large)]
+    rounds: list[tuple[float, float]] = []
+    for _ in range(2 + STEADY_ROUNDS):
+        seconds = []
+        for request in requests:
+            started = time.perf_counter()
+            plan(request, db)
+            seconds.append(time.perf_counter() - started)
+        rounds.append((seconds[0], seconds[1]))
+    measured = rounds[2:]
+    return (statistics.median(a for a, _ in measured), statistics.median(b for _, b in measured),
+            statistics.median(b / a for a, b in measured))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -128,6 +151,7 @@ def main() -> int:
     parser.add_argument("--bare", help=argparse.SUPPRESS)
     parser.add_argument("--in-process", help=argparse.SUPPRESS)
     parser.add_argument("--first", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--pair", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
         bare_pass(args.bare)
@@ -139,6 +163,10 @@ def main() -> int:
     if args.in_process:
         os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
         print(*in_process(args.in_process))
+        return 0
+    if args.pair:
+        os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
+        print(*in_process_pair(*args.pair))
         return 0
     cold = {**os.environ, "GPU_ADVISOR_TRACE_CACHE": "off"}
     cache = tempfile.mkdtemp(prefix="trace-cache-")
@@ -162,6 +190,10 @@ def main() -> int:
                                 env=cold, check=True).stdout.split()
         row["plan_steady"], row["bare_steady"] = (float(x) for x in output)
         print(key, row, flush=True)
+    pair = subprocess.run([sys.executable, me, "--pair", MODELS["1b"][0], MODELS["70b"][0]], capture_output=True,
+                          text=True, env=cold, check=True).stdout.split()
+    pair_small, pair_large, pair_ratio = (float(x) for x in pair)
+    print("pair", pair, flush=True)
     lines = [f"advisor estimate over all GPUs, {time.strftime('%Y-%m-%d')}, {platform.machine()} "
              f"{os.cpu_count()} CPUs, Python {platform.python_version()}, medians of {args.repeats} fresh processes "
              "(seconds, imports included; peak RSS GB), the first call in a fresh process after the shared imports "
@@ -184,7 +216,9 @@ def main() -> int:
         "7b / bare, first call after the shared imports": rows["7b"]["first_plan"] / rows["7b"]["first_bare"],
         "7b / bare, steady": rows["7b"]["plan_steady"] / rows["7b"]["bare_steady"],
         "70b / 1b, cold": rows["70b"]["cold"] / rows["1b"]["cold"],
-        "70b / 1b, steady": rows["70b"]["plan_steady"] / rows["1b"]["plan_steady"],
+        "70b / 1b, steady (timed minutes apart)": rows["70b"]["plan_steady"] / rows["1b"]["plan_steady"],
+        f"70b / 1b, steady, in turn in one process ({pair_large:.2f} s / {pair_small:.2f} s; median of the "
+        f"{STEADY_ROUNDS} rounds' ratios)": pair_ratio,
         "70b / 1b, bare pass (for comparison)": rows["70b"]["bare"] / rows["1b"]["bare"],
     }
     for name, value in ratios.items():
