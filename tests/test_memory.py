@@ -110,8 +110,9 @@ def test_allocator_segments_and_reuse_by_hand() -> None:
 
 
 def _replayed_call_by_call(memory, steps: int = 2) -> tuple[int, int, int]:
-    """allocator.replay's semantics with CachingAllocator's own malloc and free: each step's events, then
-    what the step still holds freed in the order it was allocated; what lived before the step only once."""
+    """allocator.replay's semantics with CachingAllocator's malloc and free, one call per storage (unrounded
+    sizes): each step's events, then what the step still holds freed in the order it was allocated; what
+    lived before the step only once."""
     allocator = CachingAllocator()
     blocks = {}
     in_step = [s.allocated_at >= 0 for s in memory.storages]
@@ -129,9 +130,10 @@ def _replayed_call_by_call(memory, steps: int = 2) -> tuple[int, int, int]:
     return allocator.peak_allocated, allocator.peak_reserved, allocator.segments
 
 
-def test_the_inlined_replay_matches_the_allocator_call_by_call() -> None:
-    # the 7B example and ResNet-50, one GPU and fsdp / zero1 ranks: large and small pools,
-    # splits, merges, storages held past the step
+def test_the_replay_matches_the_allocator_called_block_by_block() -> None:
+    # replay runs each step's events as one list, what it precomputes (rounded sizes, the frees of what a step
+    # holds, the steps after the first without what lived before) against malloc/free called per block: the
+    # 7B example and ResNet-50, one GPU and fsdp / zero1 ranks (large and small pools, splits, merges)
     from advisor.estimate.parallel import LayoutMemory
     from advisor.parallel.strategy import Layout
     from advisor.profile.model_file import load_model_file

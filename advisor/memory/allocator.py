@@ -13,6 +13,7 @@ and merge with free neighbours when freed. Segments are never returned to the dr
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from advisor.profile.live_memory import LiveMemory, round_up
@@ -64,119 +65,44 @@ class AllocatorPeaks:
 
 
 class CachingAllocator:
-    """The caching allocator's bookkeeping, without memory. (The multi-GPU planner replays a step once per
-    layout it sizes, tens of thousands of calls each: the pools are two attributes, not a dict.)"""
+    """The caching allocator's bookkeeping, without memory. Blocks are named by the caller's ids: `run` takes
+    events as LiveMemory writes them (i: allocate id i, ~i: free it); `malloc` and `free` are one event each.
+    (The multi-GPU planner re-plays a step once per layout it sizes, 20 re-plays of 10,000 events for the 7B
+    example over every GPU: `run` keeps the pools in local variables through a whole list of events.)"""
 
     def __init__(self) -> None:
-        self._small_pool: list[int] = []  # free blocks of the small pool, as sorted keys (ADDRESS_BITS)
-        self._large_pool: list[int] = []
-        self._blocks: dict[int, _Block] = {}  # free blocks by address
-        self._next_address = 0
+        self.small_pool: list[int] = []  # free blocks of the small pool, as sorted keys (ADDRESS_BITS)
+        self.large_pool: list[int] = []
+        self.free_blocks: dict[int, _Block] = {}  # free blocks by address
+        self.blocks: dict[int, _Block | None] = {}  # blocks in use by id (None: an empty request's)
+        self.next_address = self._next_id = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = self.segments = 0
 
-    def malloc(self, nbytes: int) -> _Block | None:
-        """Allocate `nbytes`; None for an empty request (CUDA returns no block for it)."""
+    def malloc(self, nbytes: int) -> int | None:
+        """Allocate `nbytes`; the block's id, None for an empty request (CUDA returns no block for it)."""
         if nbytes == 0:
             return None
-        return self.malloc_rounded(round_request(nbytes))
+        handle = self._next_id = self._next_id + 1
+        self.run((handle,), {handle: round_request(nbytes)})
+        return handle
 
-    def malloc_rounded(self, size: int) -> _Block:
-        """Allocate a request already rounded (round_request): replay rounds each storage once, not per step."""
-        small = size <= SMALL_REQUEST
-        pool = self._small_pool if small else self._large_pool
-        position = bisect.bisect_left(pool, size << ADDRESS_BITS)
-        if position < len(pool):  # the best fit: the smallest free block that holds it, the lowest address
-            block = self._blocks.pop(pool.pop(position) & ADDRESS_MASK)
-        else:
-            block = self._new_segment(size, small)
-        remaining = block.size - size
-        if remaining >= MIN_BLOCK if small else remaining > SMALL_REQUEST:
-            rest = _Block(remaining, block.address + size, small)
-            following = block.next
-            rest.previous, rest.next = block, following
-            if following is not None:
-                following.previous = rest
-            block.next, block.size = rest, size
-            self._put_free(rest)
-        block.free = False
-        self.allocated += block.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-        return block
-
-    def free(self, block: _Block | None) -> None:
-        if block is None:
-            return
-        assert not block.free, "block freed twice"
-        self.allocated -= block.size
-        block.free = True
-        previous, following = block.previous, block.next
-        if previous is not None and previous.free:
-            self._remove_free(previous)
-            block = self._merge(previous, block)
-        if following is not None and following.free:
-            self._remove_free(following)
-            block = self._merge(block, following)
-        self._put_free(block)
+    def free(self, handle: int | None) -> None:
+        if handle is not None:
+            self.run((~handle,), {})
 
     def peaks(self) -> AllocatorPeaks:
         return AllocatorPeaks(self.peak_allocated, self.peak_reserved, self.segments)
 
-    def _new_segment(self, size: int, small: bool) -> _Block:
-        nbytes = segment_size(size)
-        block = _Block(nbytes, self._next_address, small)
-        self._next_address += nbytes
-        assert self._next_address <= ADDRESS_MASK, "more memory than a pool key's address holds"
-        self.reserved += nbytes
-        self.segments += 1
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        return block
-
-    def _put_free(self, block: _Block) -> None:
-        bisect.insort(self._small_pool if block.small else self._large_pool,
-                      block.size << ADDRESS_BITS | block.address)
-        self._blocks[block.address] = block
-
-    def _remove_free(self, block: _Block) -> None:
-        pool = self._small_pool if block.small else self._large_pool
-        del pool[bisect.bisect_left(pool, block.size << ADDRESS_BITS | block.address)]
-        del self._blocks[block.address]
-
-    @staticmethod
-    def _merge(first: _Block, second: _Block) -> _Block:
-        """`second`, the block right after `first` in its segment, merged into `first`."""
-        first.size += second.size
-        first.next = second.next
-        if second.next is not None:
-            second.next.previous = first
-        return first
-
-
-def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
-    """Replay the step's allocations and frees `steps` times in a row, as a training loop runs them:
-    what the step allocated and still held at its end is freed before the next one (the next step
-    replaces it), in the order it was allocated. Storages alive before the step are allocated first, in
-    creation order, once.
-
-    CachingAllocator's malloc_rounded and free, inlined into one loop over the events: the multi-GPU
-    planner re-plays a step per layout it sizes (the 7B example over every GPU: 20 re-plays of 10,000
-    events each), and the calls and attribute look-ups were half of it. tests/test_memory.py checks the
-    peaks against CachingAllocator driven call by call."""
-    sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
-    in_step = [s.allocated_at >= 0 for s in memory.storages]
-    freed = {~e for e in memory.events if e < 0}
-    held = [e for e in memory.events if e >= 0 and in_step[e] and e not in freed]  # freed before the next step
-    first = [*memory.events, *(~e for e in held)]
-    later = [e for e in first if in_step[e if e >= 0 else ~e]]
-    small_pool: list[int] = []  # free blocks as sorted keys (ADDRESS_BITS), as CachingAllocator's pools
-    large_pool: list[int] = []
-    free_blocks: dict[int, _Block] = {}
-    blocks: dict[int, _Block | None] = {}
-    bisect_left, insort = bisect.bisect_left, bisect.insort
-    next_address = allocated = reserved = peak_allocated = peak_reserved = segments = 0
-    for step in range(steps):
-        for event in first if step == 0 else later:
-            if event >= 0:  # malloc_rounded
+    def run(self, events: Iterable[int], sizes: Sequence[int] | Mapping[int, int]) -> None:
+        """Allocate (event i >= 0: sizes[i] bytes, already rounded by round_request; 0: no block) and free
+        (~i) in order: best fit by size then address in the request's pool, a new segment where none fits,
+        the remainder split off where large enough, a freed block merged with free neighbours."""
+        small_pool, large_pool, free_blocks, blocks = self.small_pool, self.large_pool, self.free_blocks, self.blocks
+        bisect_left, insort = bisect.bisect_left, bisect.insort
+        next_address, allocated, reserved = self.next_address, self.allocated, self.reserved
+        peak_allocated, peak_reserved, segments = self.peak_allocated, self.peak_reserved, self.segments
+        for event in events:
+            if event >= 0:  # malloc
                 size = sizes[event]
                 if not size:
                     blocks[event] = None
@@ -184,7 +110,7 @@ def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
                 small = size <= SMALL_REQUEST
                 pool = small_pool if small else large_pool
                 position = bisect_left(pool, size << ADDRESS_BITS)
-                if position < len(pool):
+                if position < len(pool):  # the best fit: the smallest free block that holds it, the lowest address
                     block = free_blocks.pop(pool.pop(position) & ADDRESS_MASK)
                 else:
                     nbytes = segment_size(size)
@@ -213,10 +139,11 @@ def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
             block = blocks.pop(~event)  # free
             if block is None:
                 continue
+            assert not block.free, "block freed twice"
             allocated -= block.size
             block.free = True
             previous, following = block.previous, block.next
-            if previous is not None and previous.free:
+            if previous is not None and previous.free:  # merged into the free block before it
                 pool = small_pool if previous.small else large_pool
                 del pool[bisect_left(pool, previous.size << ADDRESS_BITS | previous.address)]
                 del free_blocks[previous.address]
@@ -225,7 +152,7 @@ def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
                 if following is not None:
                     following.previous = previous
                 block = previous
-            if following is not None and following.free:
+            if following is not None and following.free:  # and the free block after it into it
                 pool = small_pool if following.small else large_pool
                 del pool[bisect_left(pool, following.size << ADDRESS_BITS | following.address)]
                 del free_blocks[following.address]
@@ -235,5 +162,23 @@ def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
                     following.next.previous = block
             insort(small_pool if block.small else large_pool, block.size << ADDRESS_BITS | block.address)
             free_blocks[block.address] = block
-    assert next_address <= ADDRESS_MASK, "more memory than a pool key's address holds"
-    return AllocatorPeaks(peak_allocated, peak_reserved, segments)
+        assert next_address <= ADDRESS_MASK, "more memory than a pool key's address holds"
+        self.next_address, self.allocated, self.reserved = next_address, allocated, reserved
+        self.peak_allocated, self.peak_reserved, self.segments = peak_allocated, peak_reserved, segments
+
+
+def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
+    """Replay the step's allocations and frees `steps` times in a row, as a training loop runs them:
+    what the step allocated and still held at its end is freed before the next one (the next step
+    replaces it), in the order it was allocated. Storages alive before the step are allocated first, in
+    creation order, once."""
+    sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
+    in_step = [s.allocated_at >= 0 for s in memory.storages]
+    freed = {~e for e in memory.events if e < 0}
+    held = [e for e in memory.events if e >= 0 and in_step[e] and e not in freed]  # freed before the next step
+    first = [*memory.events, *(~e for e in held)]
+    later = [e for e in first if in_step[e if e >= 0 else ~e]]
+    allocator = CachingAllocator()
+    for step in range(steps):
+        allocator.run(first if step == 0 else later, sizes)
+    return allocator.peaks()
