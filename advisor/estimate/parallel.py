@@ -327,8 +327,8 @@ class LayoutMemory:
 
     def tensor_peak(self, layout: Layout) -> int:
         """One rank's tensors' peak at the traced batch, bytes (StepMemory.tensor_peak), without re-playing its
-        allocator: a lower bound of what it reserves, which rules out GPUs too small at a fraction of the
-        cost (Llama-3-70B at batch 8 fits no count of any GPU: ten fsdp layouts per GPU type were re-played)."""
+        allocator: a lower bound of what it reserves, which rules out a GPU too small for the layout at a
+        fraction of a re-play's cost. The rank trace made for it serves the re-play, where one follows."""
         key = self._key(layout)
         if key in self._steps:
             return self._steps[key].tensor_peak
