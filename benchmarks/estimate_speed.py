@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from printed import print_report
@@ -103,45 +104,43 @@ drifts within a run (on this shared VM the same call took 1.2 s and 1.7 s minute
 are medians of interleaved calls."""
 
 
-def in_process(spec: str) -> tuple[float, float]:
-    """(plan() seconds, bare pass seconds) in one long-lived process: medians of STEADY_ROUNDS interleaved
-    calls after two warm-up rounds."""
+def interleaved(works: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
+    """Seconds of each of `works`, called in turn for 2 + STEADY_ROUNDS rounds in this process; the two
+    warm-up rounds left out."""
+    times: dict[str, list[float]] = {name: [] for name in works}
+    for _ in range(2 + STEADY_ROUNDS):
+        for name, work in works.items():
+            started = time.perf_counter()
+            work()
+            times[name].append(time.perf_counter() - started)
+    return {name: seconds[2:] for name, seconds in times.items()}
+
+
+def planner(spec: str) -> Callable[[], object]:
+    """plan() of `spec` over every GPU with the fit advisor off, the database loaded once."""
     from advisor.app.plan import plan
     from advisor.app.request import PlanRequest
     from advisor.hardware.loader import load_hwdb
 
     db = load_hwdb()
     request = PlanRequest(model=spec, plans="never")
-    times: dict[str, list[float]] = {"plan": [], "bare": []}
-    for _ in range(2 + STEADY_ROUNDS):
-        for name, work in (("plan", lambda: plan(request, db)), ("bare", lambda: bare_pass(spec))):
-            started = time.perf_counter()
-            work()
-            times[name].append(time.perf_counter() - started)
-    return statistics.median(times["plan"][2:]), statistics.median(times["bare"][2:])
+    return lambda: plan(request, db)
+
+
+def in_process(spec: str) -> tuple[float, float]:
+    """(plan() seconds, bare pass seconds) in one long-lived process: medians of STEADY_ROUNDS interleaved
+    calls after two warm-up rounds."""
+    times = interleaved({"plan": planner(spec), "bare": lambda: bare_pass(spec)})
+    return statistics.median(times["plan"]), statistics.median(times["bare"])
 
 
 def in_process_pair(small: str, large: str) -> tuple[float, float, float]:
     """(plan() seconds of `small`, of `large`, the median of their ratio per round) in one long-lived process,
     the two models' calls interleaved: STEADY_ROUNDS rounds after two warm-up rounds. Models timed in turn
     see the same host; timed minutes apart, a drifting host moved the ratio by a third."""
-    from advisor.app.plan import plan
-    from advisor.app.request import PlanRequest
-    from advisor.hardware.loader import load_hwdb
-
-    db = load_hwdb()
-    requests = [PlanRequest(model=spec, plans="never") for spec in (small, large)]
-    rounds: list[tuple[float, float]] = []
-    for _ in range(2 + STEADY_ROUNDS):
-        seconds = []
-        for request in requests:
-            started = time.perf_counter()
-            plan(request, db)
-            seconds.append(time.perf_counter() - started)
-        rounds.append((seconds[0], seconds[1]))
-    measured = rounds[2:]
-    return (statistics.median(a for a, _ in measured), statistics.median(b for _, b in measured),
-            statistics.median(b / a for a, b in measured))
+    times = interleaved({"small": planner(small), "large": planner(large)})
+    return (statistics.median(times["small"]), statistics.median(times["large"]),
+            statistics.median(b / a for a, b in zip(times["small"], times["large"])))
 
 
 def main() -> int:

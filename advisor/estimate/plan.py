@@ -556,10 +556,11 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
         strategies = strategies_for(settings.parallel, machines.nodes, count)
         lean = Layout("fsdp" if "fsdp" in strategies else strategies[-1], count, machines.gpus_per_node)
         context, nccl = settings.memory.cuda_context_bytes, communicator_bytes(db, machines)
-        if any(cannot_hold(peak(), target, target.memory_overhead, context, nccl)  # bounds first, cheapest first
-               for peak in (lambda: layouts.whole_peak(lean.tp), lambda: layouts.tensor_peak(lean))):
+        overhead = target.memory_overhead  # the bounds before the re-play, the cheapest first
+        if cannot_hold(layouts.whole_peak(lean.tp), target, overhead, context, nccl) or \
+                cannot_hold(layouts.tensor_peak(lean), target, overhead, context, nccl):
             continue
-        if device_memory(layouts.step(lean), target, target.memory_overhead, None, context, nccl).fits:
+        if device_memory(layouts.step(lean), target, overhead, None, context, nccl).fits:
             return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline,
                                      single=single)
     return None

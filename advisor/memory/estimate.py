@@ -156,7 +156,7 @@ def device_memory(
     """Memory of the traced step on `gpu`. `cuda_context_bytes` overrides the architecture's figure
     (an eager-loading stack, or one measured on the user's machine); `communicator_bytes`: NCCL's
     buffers of a multi-GPU job (outside torch's allocator, like the context)."""
-    context = overhead.cuda_context_bytes if cuda_context_bytes is None else cuda_context_bytes
+    context = context_bytes(overhead, cuda_context_bytes)
     workspace = overhead.cublas_workspace_bytes
     detail = {category: step.by_category.get(category, 0) for category in CATEGORIES}
     detail |= {"allocator_reserve": step.fragmentation, "cublas_workspace": workspace, "cuda_context": context}
@@ -185,13 +185,17 @@ def device_memory(
     )
 
 
+def context_bytes(overhead: MemoryOverhead, cuda_context_bytes: int | None = None) -> int:
+    """The CUDA context's bytes: `cuda_context_bytes` where given, else the architecture's figure."""
+    return overhead.cuda_context_bytes if cuda_context_bytes is None else cuda_context_bytes
+
+
 def cannot_hold(tensor_peak: int, gpu: MemoryDevice, overhead: MemoryOverhead, cuda_context_bytes: int | None = None,
                 communicator_bytes: int = 0) -> bool:
     """Whether a step whose tensors peak at `tensor_peak` bytes surely does not fit on `gpu`, before its
     allocator is re-played: the allocator reserves at least the tensors' peak, so device_memory's peak
     (with the same arguments) is at least this sum."""
-    context = overhead.cuda_context_bytes if cuda_context_bytes is None else cuda_context_bytes
-    return context + communicator_bytes + overhead.cublas_workspace_bytes + tensor_peak > gpu.memory_bytes
+    return context_bytes(overhead, cuda_context_bytes) + communicator_bytes + overhead.cublas_workspace_bytes + tensor_peak > gpu.memory_bytes
 
 
 def parameter_formula_bytes(params: int, precision: str, optimizer: str, frozen_bytes: int = 0) -> int:

@@ -52,12 +52,13 @@ class FiniteActivations(TorchFunctionMode):
                 self.on_read(first, self.known[first])
             return self.known[first]
         out = func(*args, **(kwargs or {}))
-        self._observe(name, first, out, args)
+        self._observe(name, out, args)
         return out
 
-    def _observe(self, name: str, first: Any, out: Any, args: tuple) -> None:
+    def _observe(self, name: str, out: Any, args: tuple) -> None:
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
             return
+        first = args[0] if args else None
         value = ELEMENTS_ARE.get(name)
         if value is None and name in COMBINE and len(args) == 2 and all(
                 isinstance(a, torch.Tensor) and a in self.known for a in args):
