@@ -660,7 +660,7 @@ METRIC_UNITS = {
     "train_tflops_per_gpu": "TFLOP/s/GPU",
 }
 """The newer file's metrics and their units. `*_per_gpu` is per GPU; the other throughputs of multi-GPU rows
-are aggregates (SOURCES-newer.md; torchtune's are assumed so)."""
+are aggregates (SOURCES-newer.md), but where a run says its figure is one GPU's (PlanRun.per_gpu: torchtune's)."""
 
 
 def published_metric(metric: str, step_s: float, samples: int, tokens: int | None, gpus: int, flops: float) -> float:
@@ -742,7 +742,8 @@ def plan_outcome(published: Published, row: dict[str, str], run: PlanRun, gpu: G
     shards = 1 if scaling is None or scaling.layout.strategy == "ddp" else scaling.layout.shards
     tp = 1 if scaling is None else scaling.layout.tp  # the bare roofline splits the whole step over the group
     bare_s = bare_step_seconds(estimate.trace, run.precision, gpu, run.accumulation, shards) / tp
-    measure = functools.partial(published_metric, row["metric"], samples=result.global_batch_size,
+    metric = f"{row['metric']}_per_gpu" if run.per_gpu and not row["metric"].endswith("_per_gpu") else row["metric"]
+    measure = functools.partial(published_metric, metric, samples=result.global_batch_size,
                                 tokens=run.seq_len, gpus=result.num_gpus, flops=result.step_flops)
     lora = f" r{run.lora}" if run.lora else ""
     micro = f"/{run.micro_batch}" if run.micro_batch and run.micro_batch != run.batch else ""
@@ -751,7 +752,7 @@ def plan_outcome(published: Published, row: dict[str, str], run: PlanRun, gpu: G
     label = (f"{row['source_id']}: {run.model.split('/')[-1]}{lora} b{run.batch}{micro} {run.precision}"
              f"{' ckpt' if run.checkpointing else ''}{' compile' if run.compiled else ''} on {where}")
     return Outcome(Row(label, run.model, gpu.id, float(row["value"]), measure(result.step.step_s), measure(bare_s),
-                       METRIC_UNITS[row["metric"]], family_name(gpu.architecture)),
+                       METRIC_UNITS[metric], family_name(gpu.architecture)),
                    result.fits, result.memory.peak_bytes, result.memory.capacity_bytes)
 
 

@@ -259,8 +259,9 @@ no such figure (dry run) or the row did not run."""
 KERNEL_COLUMNS = ("model", "batch", "precision", "layout", "phase", "category", "op", "kernel", "calls",
                   "device_time_us", "share_of_step")
 """kernels.csv: one profiled step per model/precision/layout (at its smaller batch that ran). category:
-conv, attention, matmul, rnn (each kernel under the outermost such aten op; op names it), or other (one
-total row per phase). device_time_us: CUDA time of the kernel's launches in the step (on a dry run, an
+conv, attention, matmul, rnn, norm (each kernel under the outermost such aten op; op names it), or other
+(one row per phase and outermost aten op, its kernels together: "(all kernels)"; "(no aten op)" for kernels
+under none). device_time_us: CUDA time of the kernel's launches in the step (on a dry run, an
 aten op's own CPU time, its children's left out). share_of_step: of all kernel time in the step."""
 COMPARISON_COLUMNS = ("model", "batch", "precision", "layout", "status", "measured_step_s", "predicted_step_s",
                       "step_error", "bare_step_s", "bare_error", "calibrated_step_s", "calibrated_error",
@@ -657,8 +658,12 @@ KERNEL_CATEGORIES = (
     ("conv", re.compile(r"conv")),
     ("rnn", re.compile(r"lstm|_rnn|rnn_|gru")),
     ("matmul", re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|einsum|_addmm_activation)$")),
+    ("norm", re.compile(r"(batch|layer|group|instance|rms)_norm")),
 )
-"""An aten op's category by its name; a kernel belongs to the outermost categorised op above it."""
+"""An aten op's category by its name; a kernel belongs to the outermost categorised op above it. Norms have
+their kernels named: batch norm's on channels-first tensors (one thread block per channel in PyTorch's own
+kernels) against cuDNN's or the channels-last ones is what NCHW steps on an H100 spent beyond the
+convolutions' layout transposes (2026-11-27 run: 'other' kernels 1.5-1.9x their channels-last time)."""
 
 
 def _ancestors(event: Any) -> list[Any]:
@@ -681,14 +686,18 @@ def _phase(chain: list[Any]) -> str:
 
 
 def _category(chain: list[Any]) -> tuple[str, str]:
+    """(category, op) of a kernel launched under `chain`: the outermost categorised aten op, else "other"
+    and the outermost aten op."""
+    outermost = None
     for event in chain:
         name = event.name.lower()
         if not name.startswith("aten::"):
             continue
+        outermost = outermost or event.name
         for category, pattern in KERNEL_CATEGORIES:
             if pattern.search(name):
                 return category, event.name
-    return "other", "(other ops)"
+    return "other", outermost or "(no aten op)"
 
 
 def _kernels_of(event: Any, cuda: bool) -> list[tuple[str, float]]:
@@ -703,7 +712,7 @@ def _kernels_of(event: Any, cuda: bool) -> list[tuple[str, float]]:
 
 def kernel_rows(events: list[Any], cuda: bool) -> list[dict[str, Any]]:
     """Profiler events to kernels.csv rows (without the row key): per phase, category, op and kernel, the
-    calls and time; every kernel outside the categories as one 'other' total per phase."""
+    calls and time; the kernels outside the categories as one 'other' total per phase and outermost op."""
     totals: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
     for event in events:
         if "CPU" not in str(event.device_type):
@@ -715,7 +724,7 @@ def kernel_rows(events: list[Any], cuda: bool) -> list[dict[str, Any]]:
         phase = _phase(chain)
         category, op = _category(chain)
         for name, micros in launched:
-            kernel = name if category != "other" else "(all other kernels)"
+            kernel = name if category != "other" else "(all kernels)"
             total = totals[(phase, category, op, kernel)]
             total[0] += 1
             total[1] += micros

@@ -108,6 +108,8 @@ class PlanRun:
     compiled: bool = False
     """The run's kernels fused as torch.compile fuses them (--compile): torch.compile itself, and as the
     nearest the tool can express, Megatron-Core/TransformerEngine's fused modules and XLA's fusion."""
+    per_gpu: bool = False
+    """The row's throughput is one GPU's, whatever its metric's name says (torchtune's multi-GPU rows)."""
 
     def request(self, gpu_id: str) -> PlanRequest:
         """The PlanRequest of this run on `gpu_id` (one optimizer step, no input pipeline, no fit advisor)."""
@@ -365,13 +367,18 @@ def torchtune(row: dict[str, str]) -> PlanRun | str:
     QLoRA's base in NF4 with quantized scales (nf4-dq), several GPUs under FSDP; the runs the notes say
     were compiled as --compile. Full fine-tuning: llama3_1/8B_full_single_device runs bitsandbytes' PagedAdamW8bit
     (our adamw8bit; the paging is not modelled), 7B_full (4 GPUs) AdamW with checkpointing; the 1-GPU
-    Llama 2 7B full run's PagedAdamW keeps 32-bit states paged to host memory, which the tool cannot express."""
+    Llama 2 7B full run's PagedAdamW keeps 32-bit states paged to host memory, which the tool cannot express.
+    The 2- and 4-GPU rows' tokens/s are one GPU's (per_gpu): the table (README.md @0217d44, 2024-05-09)
+    reports the recipes' logged "tokens_per_second", which the distributed recipes computed on rank zero alone
+    from its own batch (`num_tokens += input_ids.numel()` over rank zero's steps, `num_tokens /
+    time_per_step`, recipes/full_finetune_distributed.py and lora_finetune_distributed.py @0217d44), and which
+    the same author renamed `tokens_per_second_per_gpu` two days later (dc2b991, 2024-05-11)."""
     gpus, method, name = int(row["num_gpus"]), method_of(row), row["model"].split(" (")[0]
     precision = precision_or_reason(row, "bf16")
     if precision not in PRECISIONS:
         return precision
     common = dict(batch=int(row["batch_size_per_gpu"]), seq_len=seq_len_of(row), gpus=gpus, strategy="fsdp",
-                  compiled="compile" in row["notes"])
+                  compiled="compile" in row["notes"], per_gpu=gpus > 1)
     model = str(model_of(row))
     if method == "full":
         if gpus == 1 and name == "Llama 2 7B":

@@ -202,16 +202,20 @@ def test_cuda_kernels_go_to_the_outermost_convolution_attention_or_matmul_op() -
     sdpa = _event("aten::scaled_dot_product_attention", forward)
     _event("aten::_scaled_dot_product_flash_attention", sdpa, [("pytorch_flash::flash_fwd_kernel", 50.0)])
     relu = _event("aten::relu", forward, [("vectorized_elementwise_kernel", 10.0)])
+    norm = _event("aten::batch_norm", forward)
+    _event("aten::native_batch_norm", norm, [("batch_norm_collect_statistics_kernel", 7.0),
+                                             ("batch_norm_transform_input_kernel", 3.0)])
     backward = _event("autograd::engine::evaluate_function: ConvolutionBackward0")
     conv = _event("aten::convolution_backward", backward,
                   [("sm90_xmma_dgrad_implicit_gemm", 60.0), ("sm90_xmma_wgrad_implicit_gemm", 40.0)])
-    events = [forward, linear, addmm, sdpa, *sdpa.cpu_children, relu, backward, conv]
+    events = [forward, linear, addmm, sdpa, *sdpa.cpu_children, relu, norm, *norm.cpu_children, backward, conv]
     rows = {(r["phase"], r["category"], r["op"], r["kernel"]): r for r in gt.kernel_rows(events, cuda=True)}
     assert rows[("forward", "matmul", "aten::linear", "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n")]["calls"] == 1
     assert ("forward", "attention", "aten::scaled_dot_product_attention", "pytorch_flash::flash_fwd_kernel") in rows
-    assert rows[("forward", "other", "(other ops)", "(all other kernels)")]["device_time_us"] == 10.0
+    assert rows[("forward", "other", "aten::relu", "(all kernels)")]["device_time_us"] == 10.0
+    assert rows[("forward", "norm", "aten::batch_norm", "batch_norm_collect_statistics_kernel")]["calls"] == 1
     dgrad = rows[("backward", "conv", "aten::convolution_backward", "sm90_xmma_dgrad_implicit_gemm")]
-    assert dgrad["share_of_step"] == pytest.approx(60 / 190, abs=1e-4)
+    assert dgrad["share_of_step"] == pytest.approx(60 / 200, abs=1e-4)  # of 30+50+10+7+3+60+40 = 200 us
     # on a CPU (dry run) each aten op stands for a kernel, for the time outside its children
     cpu = {r["kernel"]: r for r in gt.kernel_rows(events, cuda=False) if r["category"] == "matmul"}
     assert cpu["aten::addmm"]["device_time_us"] == 5.0 and cpu["aten::linear"]["op"] == "aten::linear"

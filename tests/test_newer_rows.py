@@ -99,6 +99,15 @@ def test_timm_benchmark_rows() -> None:
         VisionRun("efficientvit_m4", "fp32", 96)
 
 
+def test_torchtune_multi_gpu_rows_are_one_gpus_throughput() -> None:
+    # torchtune's README logged rank zero's tokens/s (renamed tokens_per_second_per_gpu two days later)
+    tune = dict(source_id="TORCHTUNE_README", model="Llama 2 7B (LoRA)", gpu="RTX 4090", precision="BF16",
+                batch_size_per_gpu="4", seq_len_or_image_size="seq2048", metric="train_tokens_per_s", notes="")
+    one, two = run_of(row(**tune, num_gpus="1")), run_of(row(**tune, num_gpus="2"))
+    assert isinstance(one, PlanRun) and isinstance(two, PlanRun)
+    assert (one.per_gpu, two.per_gpu, two.gpus, two.strategy) == (False, True, 2, "fsdp")
+
+
 def test_published_metrics() -> None:
     from accuracy import published_metric
 
