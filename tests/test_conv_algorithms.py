@@ -13,7 +13,13 @@ from torch import nn
 
 from advisor.calibration.peaks import DevicePeaks
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
-from advisor.estimate.ops import classify, layout_transposes, winograd_eligible
+from advisor.estimate.ops import (
+    classify,
+    layout_transposes,
+    pointwise_product,
+    pointwise_tf32_efficiency,
+    winograd_eligible,
+)
 from advisor.estimate.step import DeviceModel, estimate_records
 from advisor.profile.costs import ConvGeometry
 from advisor.profile.trace import OpRecord, trace_training_step
@@ -53,16 +59,41 @@ def seconds(record: OpRecord, precision: str, kind: str = "gpu", tf32_flops: flo
 
 
 def test_tensor_core_convolution_of_nchw_tensors_pays_the_transposes() -> None:
-    # 1x1 conv, x [8, 64, 56, 56] -> y [8, 256, 56, 56] in fp16: 2*8*3136*256*64 = 822,083,584 FLOPs
-    # at 4e12 x 50% = 411.04 us. The transposes move x, w and y (1,605,632 + 16,384 + 6,422,528 =
-    # 8,044,544 elements), each read and written at 2 bytes: 32,178,176 B at 1e11 x 50% = 643.56 us.
-    record = conv(64, 256, 1, 1, "float16")
-    assert seconds(record, "fp16") == pytest.approx(411.04e-6 + 643.56e-6, rel=1e-4)
+    # 3x3 conv, x [8, 64, 56, 56] -> y [8, 256, 56, 56] in fp16: 2*8*3136*256*64*9 = 7,398,752,256 FLOPs
+    # at 4e12 x 50% = 3,699.38 us. The transposes move x, w and y (1,605,632 + 147,456 + 6,422,528 =
+    # 8,175,616 elements), each read and written at 2 bytes: 32,702,464 B at 1e11 x 50% = 654.05 us.
+    record = conv(64, 256, 3, 1, "float16")
+    assert seconds(record, "fp16") == pytest.approx(3699.38e-6 + 654.05e-6, rel=1e-4)
     channels_last = dataclasses.replace(record, conv=dataclasses.replace(record.conv, channels_last=True))
-    assert seconds(channels_last, "fp16") == pytest.approx(411.04e-6, rel=1e-4)
-    assert seconds(record, "fp16", kind="cpu") == pytest.approx(411.04e-6, rel=1e-4)  # no cuDNN on a CPU
+    assert seconds(channels_last, "fp16") == pytest.approx(3699.38e-6, rel=1e-4)
+    assert seconds(record, "fp16", kind="cpu") == pytest.approx(3699.38e-6, rel=1e-4)  # no cuDNN on a CPU
     step = estimate_records([record], "fp16", DeviceModel("gpu", "gpu", profile()))
-    assert step.ops[0].memory_s == pytest.approx(160.89e-6 + 643.56e-6, rel=1e-4)  # own 16 MB + transposes
+    # own bytes: (1,605,632 + 147,456 + 6,422,528) x 2 = 16,351,232 B at the sustained 1e11 B/s = 163.51 us
+    assert step.ops[0].memory_s == pytest.approx(163.51e-6 + 654.05e-6, rel=1e-4)
+
+
+def test_a_pointwise_convolution_of_nchw_tensors_is_a_product_with_no_transposes() -> None:
+    # 1x1 conv at stride 1, x [8, 64, 56, 56] -> y [8, 256, 56, 56] in fp16: per image y (256 x 3136) =
+    # w (256 x 64) @ x (64 x 3136), GEMMs on the tensors as they lie: 2*8*3136*256*64 = 822,083,584 FLOPs
+    # at 4e12 x 50% = 411.04 us, and nothing transposed
+    record = conv(64, 256, 1, 1, "float16")
+    assert pointwise_product(record.conv) and layout_transposes(record.conv) == ()
+    assert seconds(record, "fp16") == pytest.approx(411.04e-6, rel=1e-4)
+    assert not pointwise_product(conv(64, 256, 1, 2, "float16").conv)  # strided: a gather, transposed
+    assert not pointwise_product(dataclasses.replace(record.conv, padding=(1, 1)))
+    assert not pointwise_product(dataclasses.replace(record.conv, groups=4))
+
+
+def test_a_pointwise_tf32_product_on_nchw_reads_strided_operands() -> None:
+    # forward y = w @ x reduces over channels, x's strided dimension: 1 / 0.8 of the K-major time; a
+    # backward computing both gradients: dgrad's two operands and wgrad's none, (1/0.64 + 1) / 2 = 1.28125
+    record = conv(512, 512, 1, 1, "float32")
+    assert pointwise_tf32_efficiency(record.conv) == pytest.approx(0.8)
+    backward = dataclasses.replace(record.conv, computes=("grad_input", "grad_weight"))
+    assert pointwise_tf32_efficiency(backward) == pytest.approx(1 / 1.28125)
+    assert pointwise_tf32_efficiency(dataclasses.replace(record.conv, computes=("grad_weight",))) == 1.0
+    # 2*8*3136*512*512 = 13,153,337,344 FLOPs at 8e12 x 50%: 3.288 ms, / 0.8 = 4.110 ms (no transposes)
+    assert seconds(record, "tf32") == pytest.approx(3.28833e-3 / 0.8, rel=1e-4)
 
 
 def test_fp32_3x3_stride_1_convolution_runs_winograd_on_a_gpu() -> None:
@@ -80,22 +111,22 @@ def test_fp32_3x3_stride_1_convolution_runs_winograd_on_a_gpu() -> None:
 
 
 def test_tf32_convolution_takes_the_faster_of_tensor_cores_and_cuda_cores() -> None:
-    # 1x1 conv 512 -> 512 on x [8, 512, 56, 56], fp32 tensors: 2*8*3136*512*512 = 13,153,337,344 FLOPs
-    # over (12,845,056 + 262,144 + 12,845,056) x 4 B = 103,809,024 B (126.7 FLOP/B: compute-bound).
-    # The transposes read and write all three: 207,618,048 B at 1e11 x 50% = 4.152 ms.
-    # TF32 at 8e12 (x 50%): 3.288 ms + 4.152 ms = 7.441 ms, faster than fp32 CUDA cores at 1e12 (x 50%):
-    # 26.307 ms. TF32 at 1e12 (a GeForce Ampere's TF32 rate is its fp32 rate): 26.307 ms + 4.152 ms,
-    # so the CUDA cores, which read NCHW as it is, win with 26.307 ms.
-    record = conv(512, 512, 1, 1, "float32")
-    assert seconds(record, "tf32") == pytest.approx(3.28833e-3 + 4.15236e-3, rel=1e-4)
+    # 3x3 conv 512 -> 512 on x [8, 512, 56, 56], fp32 tensors: 2*8*3136*512*512*9 = 118,380,036,096 FLOPs
+    # over (12,845,056 + 2,359,296 + 12,845,056) x 4 B = 112,197,632 B (1,055 FLOP/B: compute-bound).
+    # The transposes read and write all three: 224,395,264 B at 1e11 x 50% = 4.488 ms.
+    # TF32 at 8e12 (x 50%): 29.595 ms + 4.488 ms = 34.083 ms, faster than fp32 CUDA cores at 1e12 (x 50%):
+    # 236.760 ms. TF32 at 1e12 (a GeForce Ampere's TF32 rate is its fp32 rate): 236.760 ms + 4.488 ms,
+    # so the CUDA cores, which read NCHW as it is, win with 236.760 ms.
+    record = conv(512, 512, 3, 1, "float32")
+    assert seconds(record, "tf32") == pytest.approx(29.59501e-3 + 4.48791e-3, rel=1e-4)
     # torch.backends.cudnn.allow_tf32 is on by default: an fp32 step's convolutions run TF32 as well
-    # (its matmuls do not), and in fp32 where the device has no TF32 units.
-    assert seconds(record, "fp32") == pytest.approx(3.28833e-3 + 4.15236e-3, rel=1e-4)
-    assert seconds(record, "tf32", tf32_flops=None) == pytest.approx(26.30667e-3, rel=1e-4)
+    # (its matmuls do not), and in fp32 where the device has no TF32 units: there, Winograd (1/2.25).
+    assert seconds(record, "fp32") == pytest.approx(29.59501e-3 + 4.48791e-3, rel=1e-4)
+    assert seconds(record, "tf32", tf32_flops=None) == pytest.approx(236.76006e-3 / 2.25, rel=1e-4)
     assert classify(mm(512, 512, 512), "fp32", cuda=True).dtype == "fp32"
     assert classify(record, "fp32", cuda=True).dtype == "tf32"
     assert classify(record, "fp32").dtype == "fp32"  # a CPU has no TF32
-    assert seconds(record, "tf32", tf32_flops=1e12) == pytest.approx(26.30667e-3, rel=1e-4)
+    assert seconds(record, "tf32", tf32_flops=1e12) == pytest.approx(236.76006e-3, rel=1e-4)
     step = estimate_records([record], "tf32", DeviceModel("gpu", "gpu", profile(1e12)))
     assert step.ops[0].dtype == "fp32"
 
@@ -168,7 +199,7 @@ def test_estimate_suggests_channels_last_where_layout_transposes_cost(tmp_path, 
 from torch import nn
 CHANNELS_LAST = {channels_last}
 def build_model():
-    model = nn.Sequential(nn.Conv2d(64, 128, 1), nn.ReLU(), nn.Conv2d(128, 64, 1),
+    model = nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.Conv2d(128, 64, 3, padding=1),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
     return model.to(memory_format=torch.channels_last) if CHANNELS_LAST else model
 def example_input(batch_size):

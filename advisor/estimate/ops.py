@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from advisor.profile.choices import precision_of
-from advisor.profile.costs import SDPA_KERNELS, ConvGeometry
+from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, NormGeometry
 from advisor.profile.trace import OpRecord
 
 CONVOLUTIONS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"})
@@ -136,6 +136,24 @@ BATCH_NORMS = frozenset({"native_batch_norm", "native_batch_norm_backward", "_na
 """Batch norm in training passes over its input twice (statistics across the batch, then normalise;
 in backward the two reductions, then the input gradient): it moves its input once more than the
 op's arguments and results count."""
+
+BATCH_NORM_CHANNEL_PASSES = {"native_batch_norm": 1, "_native_batch_norm_legit": 1, "native_batch_norm_backward": 5}
+"""Passes over a channels-first input that PyTorch's CUDA batch norm makes with one thread block per channel
+("for the reduction, we cannot use blocks for the batch dim": `dim3 blocks(input.size(1))`, aten/src/ATen/
+native/cuda/Normalization.cuh): in training, the forward's statistics (its normalisation is a kernel of its
+own over a 2-D grid); the backward's fused kernel, all of it (input and gradient read for the reductions,
+read again and the input gradient written). The channels-last kernels split every pass over a 2-D grid."""
+
+BATCH_NORM_BLOCK_THREADS = 512
+"""Threads in each of those blocks (MAX_BLOCK_SIZE, Normalization.cuh): how many fit on an SM at once."""
+
+BATCH_NORM_BLOCK_ELEMENTS_PER_S = 2.6e9
+"""Input elements one such block gets through per second, whatever the GPU's bandwidth: a block of scalar
+loads in a loop waits on memory latency. Measured on an H100 (2026-11-27, benchmarks/results/groundtruth,
+kernels.csv): the kernels outside convolutions and matrix products of ResNet-50 and MobileNetV2 steps at
+batch 64 took 4.1-10.7 ms longer on channels-first tensors than on channels-last ones, in fp32 and amp-fp16
+(cuDNN's batch norm) and amp-bf16 (PyTorch's); charged at this rate per block, the six differences are
+predicted at 0.77-1.31 of what they were (fitted on fp32 and amp-bf16, 2.2-3.1e9 each)."""
 
 CUDNN_OPS = ALL_CONVOLUTIONS | BATCH_NORMS
 """Ops a GPU runs through cuDNN, whose per-call planning costs the host more than another op's
@@ -406,16 +424,75 @@ def winograd_eligible(conv: ConvGeometry) -> bool:
             and not conv.transposed and min(conv.in_channels, conv.out_channels) >= WINOGRAD_MIN_CHANNELS)
 
 
+def max_threads_per_sm(compute_capability: str | None) -> int:
+    """Resident threads an SM holds (CUDA C++ Programming Guide, "Technical Specifications per Compute
+    Capability"): 1,024 on Turing (7.5), 1,536 on GA10x, Ada and GeForce Blackwell (8.6, 8.7, 8.9, 12.x),
+    2,048 on the others (and where the capability is unknown)."""
+    if compute_capability == "7.5":
+        return 1024
+    if compute_capability in ("8.6", "8.7", "8.9") or (compute_capability or "").startswith("12."):
+        return 1536
+    return 2048
+
+
+def channel_block_seconds(norm: NormGeometry, op: str, sm_count: int, threads_per_sm: int) -> float:
+    """Seconds of a batch norm's passes that run one thread block per channel on channels-first tensors
+    (BATCH_NORM_CHANNEL_PASSES), at BATCH_NORM_BLOCK_ELEMENTS_PER_S per block and as many blocks at once as
+    there are channels and room on the SMs; 0 for channels-last tensors.
+
+    # x [64, 64, 56, 56], forward on 132 SMs of 2,048 threads: 64 channels < 132 x 4 blocks, so 64 blocks;
+    # 12,845,056 elements / (64 x 2.6e9 /s) = 77.2 us
+    """
+    passes = BATCH_NORM_CHANNEL_PASSES.get(op, 0)
+    if norm.channels_last or not passes:
+        return 0.0
+    blocks = min(norm.channels, sm_count * max(1, threads_per_sm // BATCH_NORM_BLOCK_THREADS))
+    return passes * norm.elements / (blocks * BATCH_NORM_BLOCK_ELEMENTS_PER_S)
+
+
+def pointwise_product(conv: ConvGeometry) -> bool:
+    """Whether the convolution is a matrix product on channels-first tensors as they lie: a 1x1 kernel
+    at stride 1, no padding, one group, not transposed. Per image, y[n] (K x HW) = w (K x C) @ x[n]
+    (C x HW), and its gradients are products of the same matrices, so cuDNN runs it as GEMMs on NCHW
+    with no transpose. Measured on an H100 (2026-11-27, benchmarks/results/groundtruth, kernels.csv):
+    ResNet-50's channels-first steps ran GEMM kernels under its convolutions (27 forward, 43 backward
+    calls a step; 0 and 19-22 with channels-last tensors), and their 69 forward transposes a step
+    are what its 20 other convolutions need (3 tensors each), not its 53."""
+    return (all(k == 1 for k in conv.kernel) and all(s == 1 for s in conv.stride) and not any(conv.padding)
+            and conv.groups == 1 and not conv.transposed)
+
+
+POINTWISE_OPERANDS_NOT_K_MAJOR = {"output": 1, "grad_input": 2, "grad_weight": 0}
+"""Of a pointwise_product's GEMMs on channels-first tensors, the operands whose reduction dimension is not
+their contiguous one: forward y = w @ x reduces over C, x's strided dimension (HW is contiguous); the input
+gradient w^T @ dy reduces over K, the outer dimension of both; the weight gradient dy @ x^T reduces over HW,
+contiguous in both."""
+
+
+def pointwise_tf32_efficiency(conv: ConvGeometry) -> float:
+    """Rate of a pointwise_product's TF32 GEMMs relative to K-major ones: TF32_TRANSPOSED_OPERAND_EFFICIENCY per
+    operand that is not K-major (POINTWISE_OPERANDS_NOT_K_MAJOR), the passes a call computes weighted alike
+    (each is the same FLOPs).
+
+    # backward computing both: (1 / 0.8**2 + 1 / 0.8**0) / 2 = 1.28125 of the K-major time -> 0.7805
+    """
+    slowdowns = [TF32_TRANSPOSED_OPERAND_EFFICIENCY ** -POINTWISE_OPERANDS_NOT_K_MAJOR[p] for p in conv.computes]
+    return len(slowdowns) / sum(slowdowns)
+
+
 def layout_transposes(conv: ConvGeometry) -> tuple[int, ...]:
     """Elements of each tensor cuDNN transposes (NCHW to NHWC, or back) around a tensor-core
     convolution of channels-first tensors: its tensor-core kernels work on NHWC ("Choose tensor
     layouts in memory to avoid transposing input and output data ... We recommend using the NHWC
     format", NVIDIA's Convolutional Layers User's Guide). Forward: input, weight and output. Backward
-    data: grad_output, weight, grad_input. Backward filter: grad_output, input, grad_weight.
+    data: grad_output, weight, grad_input. Backward filter: grad_output, input, grad_weight. None for
+    a pointwise_product, which runs as GEMMs on the tensors as they lie.
 
     # x [8, 64, 56, 56], w [64, 64, 3, 3], y [8, 64, 56, 56]: forward moves 1,605,632 + 36,864
     # + 1,605,632 elements through a transpose each (each read once and written once).
     """
+    if pointwise_product(conv):
+        return ()
     sizes: list[int] = []
     if "output" in conv.computes:
         sizes += [conv.input_elements, conv.weight_elements, conv.output_elements]

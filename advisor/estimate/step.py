@@ -37,22 +37,28 @@ from advisor.calibration.suite import TORCH_DTYPES
 from advisor.estimate.fusion import compiled_records, fusible
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
+    BATCH_NORM_CHANNEL_PASSES,
     CUDNN_OPS,
     DTYPE_FALLBACK,
     FRESH_OUTPUT_SERIES,
     FRESH_PAGES_MIN_BYTES,
     FUSED_ATTENTION,
+    HALF_DTYPES,
     TENSOR_CORE_DTYPES,
     TF32_TRANSPOSED_OPERAND_EFFICIENCY,
     WINOGRAD_MULTIPLY_SAVING,
     MISALIGNED_GEMM_FP32_MULTIPLE,
     OpClass,
     attention_dropout_seconds,
+    channel_block_seconds,
     classify,
     fused_attention_efficiency,
     layout_transposes,
+    max_threads_per_sm,
     misaligned_gemm,
     moved_bytes,
+    pointwise_product,
+    pointwise_tf32_efficiency,
     wave_efficiency,
     winograd_eligible,
 )
@@ -84,6 +90,8 @@ class DeviceModel:
     """A GPU's architecture in the hardware database ("hopper"): which fused attention kernels it runs."""
     clock_hz: float | None = None
     """A GPU's boost clock (its integer instruction rate, with sm_count)."""
+    threads_per_sm: int = 2048
+    """A GPU's resident threads per SM (ops.max_threads_per_sm of its compute capability)."""
     measured_s: Mapping[tuple, float] | None = field(default=None, compare=False, hash=False)
     """Seconds of one call of ops timed on this device at their exact shapes (a local CPU's convolutions:
     calibration/shapes.py), by shapes.shape_key; they replace the calibrated curves for those calls."""
@@ -97,7 +105,8 @@ class DeviceModel:
         """A GPU timed with `profile`: its database entry's SM count (else `sm_count`), architecture and
         boost clock (None where the GPU is not in the database)."""
         return cls(device_id, "gpu", profile, spec.sm_count if spec else sm_count,
-                   spec.architecture if spec else None, spec.boost_clock_hz if spec else None)
+                   spec.architecture if spec else None, spec.boost_clock_hz if spec else None,
+                   max_threads_per_sm(spec.compute_capability if spec else None))
 
 
 @dataclass(slots=True)
@@ -238,7 +247,7 @@ class _OpTimer:
         """(class, compute, memory, page faults, layout transposes) of one op, in seconds: the device
         overlaps compute and memory traffic; page faults and layout transposes stop both."""
         key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
-               record.gemm, record.allocated, record.conv, record.transposed, record.dropout)
+               record.gemm, record.allocated, record.conv, record.transposed, record.dropout, record.norm)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._kernel(record)
@@ -277,8 +286,22 @@ class _OpTimer:
                 return self._gpu_convolution(record, kind, moved, compute, memory)
             return kind, compute, memory, 0.0
         memory = self._memory_seconds(kind.series, kind.dtype, moved)
+        if record.norm is not None and self.device.kind == "gpu" and self.device.sm_count:
+            memory = self._channel_blocks(record, moved, memory)
         compute = record.flops / self.fp32_peak if record.flops else 0.0
         return kind, compute, memory, 0.0
+
+    def _channel_blocks(self, record: OpRecord, moved: int, memory: float) -> float:
+        """A batch norm's memory time with its one-block-per-channel passes (ops.channel_block_seconds) at
+        the slower of their own rate and the bandwidth the rest of the op gets."""
+        assert record.norm is not None and self.device.sm_count
+        blocked = channel_block_seconds(record.norm, record.op, self.device.sm_count, self.device.threads_per_sm)
+        if not blocked or not moved:
+            return memory
+        passes = BATCH_NORM_CHANNEL_PASSES[record.op]
+        itemsize = 2 if any(name in record.dtypes for name in HALF_DTYPES) else 4
+        share = min(1.0, passes * record.norm.elements * itemsize / moved)  # of the op's bytes
+        return memory * (1 - share) + max(memory * share, blocked)
 
     def _measured_seconds(self, record: OpRecord) -> float | None:
         """The op's time measured on this device at its exact shapes (DeviceModel.measured_s), if it was."""
@@ -349,6 +372,8 @@ class _OpTimer:
             copy_dtype = "fp32" if kind.dtype == "tf32" else kind.dtype
             layout = sum(self._memory_seconds("copy", copy_dtype, 2 * size * element)
                          for size in layout_transposes(conv))
+            if kind.dtype == "tf32" and pointwise_product(conv):
+                compute /= pointwise_tf32_efficiency(conv)
         options = [(kind, compute, memory, layout)]
         fp32 = OpClass(kind.series, "fp32", compute=True)
         if kind.dtype == "tf32":

@@ -47,6 +47,20 @@ class OpCost:
     """Of a matrix product's two operands, how many are not K-major (their reduction dimension is not
     the contiguous one): 0 for a linear layer's forward, 1 for its input gradient, 2 for its weight
     gradient (see transposed_operands)."""
+    norm: NormGeometry | None = None
+    """A batch norm's (or its backward's) channels and memory layout: how its reductions split over a GPU."""
+
+
+@dataclass(frozen=True)
+class NormGeometry:
+    """The facts of one batch-norm call that decide how its per-channel reductions spread over a GPU's
+    SMs: its channels and whether its input keeps them innermost. Sizes in elements."""
+
+    channels: int
+    elements: int
+    """Of the input (N x C x spatial)."""
+    channels_last: bool
+    """The input's channels are its innermost dimension (NHWC), or its layout is the same either way."""
 
 
 @dataclass(frozen=True)
@@ -298,6 +312,19 @@ def _backward_geometry(args: tuple, named: dict, out: Any) -> ConvGeometry:
 for _packet in _ops("convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"):
     CONV_GEOMETRIES[_packet] = _forward_geometry
 CONV_GEOMETRIES[aten.convolution_backward] = _backward_geometry
+
+
+def norm_geometry(x: torch.Tensor) -> NormGeometry:
+    """The geometry of a batch norm over x [N, C, *spatial]."""
+    return NormGeometry(int(x.shape[1]) if x.dim() > 1 else 1, x.numel(), _channels_last(x))
+
+
+NORM_GEOMETRIES: dict[Any, Callable[[tuple, dict, Any], NormGeometry]] = {
+    **{packet: (lambda args, named, out: norm_geometry(args[0]))
+       for packet in _ops("native_batch_norm", "_native_batch_norm_legit")},
+    aten.native_batch_norm_backward: lambda args, named, out: norm_geometry(args[1]),  # (grad_out, input, ...)
+}
+"""aten OpOverloadPacket of a batch norm -> the geometry of its input."""
 
 
 @register_shape(aten.convolution_backward)
@@ -709,7 +736,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     outputs = tree_flatten(out)[0]
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
-    flops, matmul, counted, gemm, conv, transposed = 0.0, False, True, None, None, 0
+    flops, matmul, counted, gemm, conv, transposed, norm = 0.0, False, True, None, None, 0, None
     entry = REGISTRY.get(packet) or REGISTRY.get(packet._qualified_op_name)
     if entry is not None:
         named = named_arguments(func, args, kwargs or {})
@@ -721,6 +748,8 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         operands = GEMM_OPERANDS.get(packet)
         if operands is not None:
             transposed = transposed_operands(args[operands[0]], args[operands[1]])
+        norm_of = NORM_GEOMETRIES.get(packet)
+        norm = None if norm_of is None else norm_of(args, named, out)
     elif packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
         pass
     elif torch.Tag.pointwise in func.tags:
@@ -734,7 +763,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         written = sum(_tensor_bytes(tree_flatten(args[i])[0]) for i in written_lists)
     elif not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
         written = _tensor_bytes(tree_flatten(args[0])[0])
-    return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv, transposed)
+    return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv, transposed, norm)
 
 
 def _foreach_flops(args: tuple, outputs: list[Any]) -> float:

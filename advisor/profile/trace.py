@@ -45,7 +45,7 @@ from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, backward_runs_here, can_fork
 from advisor.profile.build import ValuesLeftUnwritten, fake_twins, weights_on_meta
-from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, named_arguments, op_cost
+from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, NormGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
 from advisor.profile.finite import FiniteActivations
 from advisor.profile.float8 import convert_to_float8
@@ -134,13 +134,15 @@ class OpRecord:
     """A value read back from the device (`.item()`, a tensor in an `if`): on a GPU the host waits here until
     the device has run everything issued before (estimate/step.py). Step counters torch.optim keeps on the
     host read back without a wait and are not recorded."""
+    norm: NormGeometry | None = None
+    """A batch norm's channels and layout (costs.OpCost.norm)."""
 
     def anonymous(self) -> tuple:
         """Everything but its module and dataflow, as a tuple: what the op costs depends on, and what a
         repeated block's copy of it shares (estimate/step.py, repeated.py)."""
         return (self.phase, self.op, self.flops, self.bytes_read, self.bytes_written, self.dtypes, self.matmul,
                 self.counted, self.gemm, self.allocated, self.conv, self.tensors, self.transposed, self.dropout,
-                self.synchronizes)
+                self.synchronizes, self.norm)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -420,7 +422,7 @@ class _Recorder(TorchDispatchMode):
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args),
                               transposed=cost.transposed, dropout=self._draws_dropout(func, args, kwargs, out),
-                              synchronizes=synchronizes)
+                              synchronizes=synchronizes, norm=cost.norm)
             records = [record]
             multi_tensor = record.tensors > 1 or record.op.startswith("_foreach_")
             self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, multi_tensor,
