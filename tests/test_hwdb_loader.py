@@ -77,11 +77,28 @@ def test_duplicate_id_in_one_layer_is_an_error(tiny_db_dir: Path) -> None:
         ({"compute_capability": "eight"}, "compute_capability", "8.6"),
         ({"street_price_usd": 500}, "street_price_date", "date"),
         ({"nvlink": False, "nvlink_gbps": 100}, "nvlink_gbps", "nvlink is false"),
+        ({"sustained_clock_mhz": 2000}, "boost_clock_mhz", "sustained clock needs the boost clock"),
+        ({"boost_clock_mhz": 1800, "sustained_clock_mhz": 20_000}, "sustained_clock_mhz", "not plausible"),
     ],
 )
 def test_impossible_or_contradictory_gpu_values(tiny_db_dir: Path, changes: dict, key: str, phrase: str) -> None:
     message = _error([_with_gpu(tiny_db_dir, **changes)])
     assert f"key '{key}'" in message and phrase in message and "tiny.yaml" in message
+
+
+def test_a_sustained_clock_runs_compute_faster_but_leaves_mfu_to_the_datasheet(tiny_db_dir: Path) -> None:
+    from advisor.calibration.reference import load_families, reference_profile
+    from advisor.hardware.loader import load_hwdb
+
+    db = load_directories([_with_gpu(tiny_db_dir, boost_clock_mhz=1800, sustained_clock_mhz=1980)])
+    gpu = db.gpu("tiny-gpu")
+    assert gpu.sustained_clock_hz == 1980e6 and gpu.clock_ratio == pytest.approx(1.1)  # 1980 / 1800
+    profile = reference_profile(gpu, load_families(load_hwdb([])))  # the shipped families: 'default' here
+    # bf16 GEMMs against 40 TFLOP/s x 1.1 = 44 TFLOP/s; the profile's peaks (MFU's denominator) stay at 40
+    assert profile.get("gemm", "bf16").peak == pytest.approx(44e12)
+    assert profile.peaks.flops["bf16"] == 40e12
+    plain = load_directories([_with_gpu(tiny_db_dir, boost_clock_mhz=1800, sustained_clock_mhz=None)]).gpu("tiny-gpu")
+    assert plain.clock_ratio == 1.0
 
 
 def test_offer_for_unknown_gpu_suggests_ids(tiny_db_dir: Path) -> None:

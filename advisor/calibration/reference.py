@@ -207,7 +207,8 @@ def family_for(gpu: GPUSpec, families: tuple[Family, ...]) -> Family:
 
 
 def reference_profile(gpu: GPUSpec, families: tuple[Family, ...]) -> CalibrationProfile:
-    """The calibration an estimate for `gpu` uses: its family's curves against this GPU's own peaks."""
+    """The calibration an estimate for `gpu` uses: its family's curves against this GPU's own peaks (compute
+    peaks at the clock a loaded card holds: GPUSpec.clock_ratio)."""
     family = family_for(gpu, families)
     peaks = gpu_peaks(gpu)
     if family.measured is not None:
@@ -218,8 +219,8 @@ def reference_profile(gpu: GPUSpec, families: tuple[Family, ...]) -> Calibration
             continue
         for op in FAMILY_COMPUTE_OPS:
             scaled = Curve.saturating(curve.param("e_max") * family.compute_ops[op], curve.param("tau_half_s"), 1.0)
-            series.append(SeriesProfile(op, dtype, "flops", peaks.flops[dtype], Fit(scaled, (), 0.0, 0),
-                                        sources=family.sources))
+            series.append(SeriesProfile(op, dtype, "flops", peaks.flops[dtype] * gpu.clock_ratio,
+                                        Fit(scaled, (), 0.0, 0), sources=family.sources))
     assert family.memory is not None
     e_far, tau_half = family.memory.param("e_max"), family.memory.param("tau_half_s")
     memory = Curve.hierarchy(e_far, e_far, float(gpu.l2_cache_bytes or 1), tau_half)

@@ -65,6 +65,7 @@ GPU_OPTIONAL = (
     "memory_type",
     "sm_count",
     "boost_clock_mhz",
+    "sustained_clock_mhz",
     "l2_cache_mb",
     "tdp_w",
     "form_factor",
@@ -115,6 +116,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "peak_tflops": (0.001, 100_000),
     "sm_count": (0, 10_000),
     "boost_clock_mhz": (0, 10_000),
+    "sustained_clock_mhz": (0, 10_000),
     "l2_cache_mb": (0, 4096),
     "tdp_w": (0, 5000),
     "nvlink_gbps": (0, 100_000),
@@ -769,6 +771,7 @@ def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]
         boost_clock_hz=_optional(
             raw, "boost_clock_mhz", lambda v: _as_number(path, label, "boost_clock_mhz", v) * units.MHZ
         ),
+        sustained_clock_hz=_sustained_clock(path, label, raw),
         l2_cache_bytes=_optional(
             raw, "l2_cache_mb", lambda v: int(_as_number(path, label, "l2_cache_mb", v) * units.MB_CACHE)
         ),
@@ -791,6 +794,15 @@ def _build_gpu(path: Path, label: str, raw: dict[str, Any], source_ids: set[str]
         origin=str(path),
         host_link=host_link,
     )
+
+
+def _sustained_clock(path: Path, label: str, raw: dict[str, Any]) -> float | None:
+    """The SM clock measured under load (Hz), which only makes sense beside the boost clock the peaks assume."""
+    clock = _optional(raw, "sustained_clock_mhz", lambda v: _as_number(path, label, "sustained_clock_mhz", v))
+    if clock is not None and raw.get("boost_clock_mhz") is None:
+        raise HwdbError(path, "a sustained clock needs the boost clock its peaks assume", entry=label,
+                        key="boost_clock_mhz")
+    return None if clock is None else clock * units.MHZ
 
 
 def _street_price_date(path: Path, label: str, raw: dict[str, Any]) -> dt.date | None:

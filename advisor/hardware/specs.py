@@ -71,6 +71,9 @@ class GPUSpec:
     bandwidth_bytes_per_s: float
     sm_count: int | None
     boost_clock_hz: float | None
+    sustained_clock_hz: float | None
+    """The SM clock measured under load, where a source gives one: GeForce cards' GPU Boost runs above the
+    boost clock their datasheet peaks assume while power and temperature allow."""
     l2_cache_bytes: int | None
     tdp_watts: float | None
     form_factor: str | None
@@ -92,6 +95,14 @@ class GPUSpec:
     """The file this entry was read from."""
     host_link: str | None = None
     """A HostLink id where the GPU reaches its host by another link than PCIe (NVLink-C2C)."""
+
+    @property
+    def clock_ratio(self) -> float:
+        """The compute rate a loaded card reaches over its datasheet peaks: sustained / boost clock (1 where
+        either is unknown)."""
+        if not self.sustained_clock_hz or not self.boost_clock_hz:
+            return 1.0
+        return self.sustained_clock_hz / self.boost_clock_hz
 
     @property
     def purchase_usd(self) -> float | None:
@@ -117,6 +128,7 @@ class GPUSpec:
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "sm_count": self.sm_count,
             "boost_clock_hz": self.boost_clock_hz,
+            "sustained_clock_hz": self.sustained_clock_hz,
             "l2_cache_bytes": self.l2_cache_bytes,
             "tdp_watts": self.tdp_watts,
             "form_factor": self.form_factor,
