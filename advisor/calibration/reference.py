@@ -207,8 +207,9 @@ def family_for(gpu: GPUSpec, families: tuple[Family, ...]) -> Family:
 
 
 def reference_profile(gpu: GPUSpec, families: tuple[Family, ...]) -> CalibrationProfile:
-    """The calibration an estimate for `gpu` uses: its family's curves against this GPU's own peaks (compute
-    peaks at the clock a loaded card holds: GPUSpec.clock_ratio)."""
+    """The calibration an estimate for `gpu` uses: its family's curves against this GPU's own peaks. A
+    documented family's compute peaks are at the clock a loaded card holds (GPUSpec.clock_ratio); a measured
+    family's fractions carry over as measured, its card's clock already in them (_rescaled)."""
     family = family_for(gpu, families)
     peaks = gpu_peaks(gpu)
     if family.measured is not None:

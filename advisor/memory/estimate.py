@@ -195,7 +195,8 @@ def cannot_hold(tensor_peak: int, gpu: MemoryDevice, overhead: MemoryOverhead, c
     """Whether a step whose tensors peak at `tensor_peak` bytes surely does not fit on `gpu`, before its
     allocator is re-played: the allocator reserves at least the tensors' peak, so device_memory's peak
     (with the same arguments) is at least this sum."""
-    return context_bytes(overhead, cuda_context_bytes) + communicator_bytes + overhead.cublas_workspace_bytes + tensor_peak > gpu.memory_bytes
+    fixed = context_bytes(overhead, cuda_context_bytes) + communicator_bytes + overhead.cublas_workspace_bytes
+    return fixed + tensor_peak > gpu.memory_bytes
 
 
 def parameter_formula_bytes(params: int, precision: str, optimizer: str, frozen_bytes: int = 0) -> int:
