@@ -167,17 +167,25 @@ class CachingAllocator:
         self.peak_allocated, self.peak_reserved, self.segments = peak_allocated, peak_reserved, segments
 
 
-def replay(memory: LiveMemory, steps: int = 2) -> AllocatorPeaks:
+def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = None) -> AllocatorPeaks:
     """Replay the step's allocations and frees `steps` times in a row, as a training loop runs them:
     what the step allocated and still held at its end is freed before the next one (the next step
     replaces it), in the order it was allocated. Storages alive before the step are allocated first, in
-    creation order, once."""
-    sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
+    creation order, once. `sizes`: memory.sizes(MIN_BLOCK), where the caller has them already."""
+    if sizes is None:
+        sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
     in_step = [s.allocated_at >= 0 for s in memory.storages]
-    freed = {~e for e in memory.events if e < 0}
-    held = [e for e in memory.events if e >= 0 and in_step[e] and e not in freed]  # freed before the next step
-    first = [*memory.events, *(~e for e in held)]
-    later = [e for e in first if in_step[e if e >= 0 else ~e]]
+    events = memory.events
+    alive: dict[int, None] = {}  # the step's storages allocated and not yet freed, in allocation order
+    for event in events:
+        if event >= 0:
+            if in_step[event]:
+                alive[event] = None
+        else:
+            alive.pop(~event, None)
+    held = [~e for e in alive]  # freed before the next step
+    first = [*events, *held]
+    later = [e for e in events if in_step[e if e >= 0 else ~e]] + held
     allocator = CachingAllocator()
     for step in range(steps):
         allocator.run(first if step == 0 else later, sizes)

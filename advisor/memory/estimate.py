@@ -55,9 +55,10 @@ class StepMemory:
     @classmethod
     def of_trace(cls, trace: StepTrace) -> StepMemory:
         assert trace.memory is not None, "the trace recorded no memory"
-        phase_peaks = trace.memory.phase_peaks(MIN_BLOCK)
+        sizes = trace.memory.sizes(MIN_BLOCK)
+        phase_peaks = trace.memory.phase_peaks(MIN_BLOCK, sizes)
         peak = max(phase_peaks.values(), key=lambda p: p.bytes)  # the first phase to reach it, as peak() finds
-        allocator = replay(trace.memory)
+        allocator = replay(trace.memory, sizes=sizes)
         return cls(trace.batch_size, peak.bytes, peak.phase, dict(peak.by_category),
                    {phase: p.bytes for phase, p in phase_peaks.items()}, allocator.allocated, allocator.reserved)
 
