@@ -126,7 +126,9 @@ from advisor.hardware.specs import GPUSpec, HardwareDB  # noqa: E402
 from advisor.memory.estimate import StepMemory, device_memory  # noqa: E402
 from advisor.paths import shipped_dir  # noqa: E402
 from advisor.probe.cpu import probe_cpu  # noqa: E402
-from advisor.profile.trace import StepTrace, call_model, default_loss, make_optimizer, trace_training_step  # noqa: E402
+from advisor.profile.trace import (  # noqa: E402
+    StepTrace, call_model, checkpoint_blocks, default_loss, make_optimizer, trace_training_step,
+)
 
 PRECISIONS = ("fp32", "tf32", "amp-bf16", "amp-fp16")
 """As advisor/profile/trace.py defines them, run as torch runs them on a GPU: fp32 = torch's defaults
@@ -137,8 +139,12 @@ PRECISION_NOTES = {
     "tf32": "matmul allow_tf32 on, cudnn allow_tf32 on",
     "amp-bf16": "torch.autocast(bfloat16), fp32 weights, torch defaults for fp32 math",
     "amp-fp16": "torch.autocast(float16), fp32 weights, torch.amp.GradScaler, torch defaults for fp32 math",
+    "bf16": "the model cast to bfloat16 (weights, gradients and AdamW state in bf16), no autocast; only the "
+            "models whose ModelSpec.precisions name it",
 }
 AUTOCAST = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
+CAST = {"bf16": torch.bfloat16}
+"""Precisions that cast the model (and its floating-point inputs) before the optimizer is made."""
 PARTS = ("tests", "calibration", "steps", "compare")
 EXIT_MORE = 10
 """Exit code when parts remain: run the same command again."""
@@ -243,7 +249,7 @@ def planned_rows(specs: list[ModelSpec], dry: bool) -> list[tuple[ModelSpec, Row
     """In run order: model by model, each precision and layout at its smaller batch first (an
     out-of-memory there means the larger one is not tried)."""
     return [(spec, RowKey(spec.name, batch, precision, layout))
-            for spec in specs for precision in PRECISIONS for layout in spec.layouts
+            for spec in specs for precision in spec.precisions or PRECISIONS for layout in spec.layouts
             for batch in spec.batches_for(dry)]
 
 
@@ -552,10 +558,29 @@ def build_training(spec: ModelSpec, key: RowKey, device: Device, dry: bool) -> T
         model = build()
     model.train()
     inputs = to_device(make_input(key.batch), device.torch_device)
+    cast = CAST.get(key.precision)
+    if cast is not None:
+        model.to(cast)
+        inputs = tree_map(lambda t: t.to(cast) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, inputs)
+    if spec.checkpointing:
+        enable_checkpointing(model)
     optimizer = make_optimizer(spec.optimizer, [p for p in model.parameters() if p.requires_grad])
     scaler = torch.amp.GradScaler(device.kind) if key.precision == "amp-fp16" else None
     return Training(model, inputs, loss_fn or default_loss, optimizer, scaler, AUTOCAST.get(key.precision),
                     device.kind)
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing as the model's users run it: a transformers model's own switch (Trainer's
+    gradient_checkpointing=True, its defaults; transformers 5 renamed gradient_checkpointing_enable to
+    activation_checkpointing_enable), else the tool's checkpoint_blocks, which wraps each block of the model's
+    repeated blocks."""
+    for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
+        switch = getattr(model, name, None)
+        if switch is not None:
+            switch()
+            return
+    checkpoint_blocks(model, "the ground truth's model")
 
 
 def time_steps(training: Training, device: Device, settings: Settings) -> list[float]:
@@ -1183,7 +1208,8 @@ class Predictor:
             try:
                 build, make_input, loss_fn = with_layout(spec.parts(self.dry), key.layout)
                 self.traces[cache_key] = trace_training_step(build, make_input, key.batch, precision, spec.optimizer,
-                                                             loss_fn, attention="cpu" if self.dry else "cuda")
+                                                             loss_fn, attention="cpu" if self.dry else "cuda",
+                                                             checkpointing=spec.checkpointing)
             except Unavailable as exc:
                 self.traces[cache_key] = str(exc)
             except Exception as exc:  # noqa: BLE001 - the tool cannot trace it: that is a finding, not a crash

@@ -235,9 +235,45 @@ def _hf_gpt2(dry: bool) -> ModelParts:
     return (lambda: transformers.GPT2LMHeadModel(config)), example_input, lambda output, inputs: output.loss
 
 
+def _hf_llama_long(dry: bool) -> ModelParts:
+    """`advisor estimate hf:llama-3.2-1b --seq-len 8192`'s own model (advisor.profile.hub: transformers'
+    LlamaForCausalLM from the shipped config, PyTorch's sdpa attention, its own loss), 8,192 tokens per sample;
+    a dry run builds the same class narrow and shallow at 32 tokens. Optional package: transformers."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise Unavailable("transformers is not installed") from exc
+    gc.freeze()
+    if not dry:
+        model_file = load_model_file("hf:llama-3.2-1b").with_seq_len(LONG_SEQ_LEN)
+        return model_file.build_model, model_file.example_input, model_file.loss_fn
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      use_cache=False)
+
+    def example_input(batch: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, config.vocab_size, (batch, 32))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    def build() -> nn.Module:
+        return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+
+    return build, example_input, lambda output, inputs: output.loss
+
+
+LONG_SEQ_LEN = 8192
+"""Tokens per sample of hf_llama_1b_ckpt: universal-llm-trainer's GPU test (ULT_GPU_TEST in
+../shared/validation/published-throughput-newer.csv) fine-tuned 4-13B models at batch 2 x 8,192 tokens with
+Hugging Face's gradient checkpointing, in bf16, and ran 1.6-3.2x our predicted step on H100, A100 and RTX PRO
+6000 alike; the same recipe on a 1B model that fits any lent GPU says whether the mechanism is ours."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model of the ground truth: how to build it (real or dry sizes), its two batch sizes, optimizer."""
+    """One model of the ground truth: how to build it (real or dry sizes), its two batch sizes, optimizer;
+    `precisions`: the harness's four unless given; `checkpointing`: activation checkpointing of its repeated
+    blocks (a transformers model's own gradient_checkpointing_enable(), as Trainer runs it; the prediction
+    traces the step as `advisor estimate --checkpointing` does)."""
 
     name: str
     kind: str
@@ -246,6 +282,8 @@ class ModelSpec:
     parts: Callable[[bool], ModelParts]
     batches: tuple[int, int]
     optimizer: str
+    precisions: tuple[str, ...] | None = None
+    checkpointing: bool = False
 
     @property
     def layouts(self) -> tuple[str, ...]:
@@ -302,8 +340,11 @@ ZOO_MODELS: tuple[ModelSpec, ...] = (
               (8, 16), "adamw"),
     ModelSpec("moe", "moe", "here: 4 layers, 8 experts top-2, width 512, seq 512", _moe, (16, 32), "adamw"),
     ModelSpec("lstm_lm", "rnn", "here: 2-layer LSTM 1024, vocabulary 32000, seq 256", _lstm, (32, 64), "adamw"),
+    ModelSpec("hf_llama_1b_ckpt", "transformer", "hf:llama-3.2-1b (transformers, sdpa), seq 8192, gradient "
+              "checkpointing", _hf_llama_long, (1, 2), "adamw", precisions=("bf16", "amp-bf16"), checkpointing=True),
 )
-"""Beyond the examples: CNNs, BERT-large, ViT-L/16, a 1B Llama, Hugging Face's GPT-2, an MoE and an LSTM."""
+"""Beyond the examples: CNNs, BERT-large, ViT-L/16, a 1B Llama, Hugging Face's GPT-2, an MoE, an LSTM, and
+Hugging Face's Llama-3.2-1B at 8,192 tokens with gradient checkpointing (pure bf16 and amp-bf16)."""
 
 
 def model_specs() -> list[ModelSpec]:

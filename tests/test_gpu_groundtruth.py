@@ -277,3 +277,31 @@ def test_one_row_and_an_out_of_memory_on_cuda() -> None:
     result = gt.measure_row(huge, gt.RowKey("oom_probe", 2, "fp32", "contiguous"), device, gt.DRY, True, False)
     assert result.status == "oom", result.message
     assert torch.cuda.memory_allocated() < 2**20
+
+
+def test_the_long_sequence_llm_runs_checkpointed_in_its_own_precisions(tmp_path: Path, monkeypatch) -> None:
+    """hf_llama_1b_ckpt (universal-llm-trainer's recipe on a 1B model): pure bf16 and amp-bf16 only, the model
+    checkpointed as transformers' users run it, each row predicted from a trace checkpointed as
+    `advisor estimate --checkpointing` traces it."""
+    pytest.importorskip("transformers")
+    spec = next(s for s in gt.model_specs() if s.name == "hf_llama_1b_ckpt")
+    model = gt.build_training(spec, gt.RowKey(spec.name, 2, "bf16", "contiguous"), gt.CpuDevice(), dry=True).model
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    _main(["--dry-run", "--out", str(tmp_path / "gt"), "--part", "steps:hf_llama_1b_ckpt"], expected=gt.EXIT_MORE)
+    rows = read(tmp_path / "gt" / "steps.csv")
+    assert sorted((r["precision"], r["batch"]) for r in rows) == [("amp-bf16", "2"), ("amp-bf16", "4"),
+                                                                  ("bf16", "2"), ("bf16", "4")]
+    assert {r["status"] for r in rows} == {"ok"}
+    real_trace, checkpointed = gt.trace_training_step, []
+
+    def trace(*args, **kwargs):
+        checkpointed.append(kwargs["checkpointing"])
+        return real_trace(*args, **kwargs)
+
+    monkeypatch.setattr(gt, "trace_training_step", trace)
+    _main(["--dry-run", "--out", str(tmp_path / "gt"), "--part", "compare", "--models", "hf_llama_1b_ckpt"],
+          expected=gt.EXIT_MORE)
+    assert checkpointed and all(checkpointed)
+    assert all(r["predicted_step_s"] for r in read(tmp_path / "gt" / "comparison.csv"))
