@@ -49,6 +49,13 @@ def test_resident_threads_by_compute_capability() -> None:
         [2048, 1024, 2048, 1536, 1536, 2048, 1536, 2048]
 
 
+def test_a_local_gpu_the_database_lacks_takes_its_threads_from_the_capability_torch_reports() -> None:
+    profile = synthetic_profile(0.0)
+    # an Ada card the database does not list, as targets.local_targets passes torch.cuda's properties
+    assert DeviceModel.of_gpu("local-cuda0", profile, None, 76, "8.9").threads_per_sm == 1536
+    assert DeviceModel.of_gpu("local-cuda0", profile, None, 76).threads_per_sm == 2048  # unknown: the most
+
+
 def test_a_channels_first_batch_norm_waits_on_its_blocks_on_a_gpu_only() -> None:
     # 64 channels on a 4-SM GPU: 4 x 4 = 16 blocks at once, 41.6e9 elements/s: the statistics pass over
     # 12,845,056 elements takes 308.78 us. The op moves 3 x 51,380,224 B (it reads x twice) = 154,140,672 B

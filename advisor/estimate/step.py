@@ -101,12 +101,13 @@ class DeviceModel:
 
     @classmethod
     def of_gpu(cls, device_id: str, profile: CalibrationProfile, spec: GPUSpec | None,
-               sm_count: int | None = None) -> DeviceModel:
-        """A GPU timed with `profile`: its database entry's SM count (else `sm_count`), architecture and
+               sm_count: int | None = None, compute_capability: str | None = None) -> DeviceModel:
+        """A GPU timed with `profile`: its database entry's SM count and compute capability (else `sm_count`
+        and `compute_capability`, what torch.cuda reports of a local GPU the database lacks), architecture and
         boost clock (None where the GPU is not in the database)."""
         return cls(device_id, "gpu", profile, spec.sm_count if spec else sm_count,
                    spec.architecture if spec else None, spec.boost_clock_hz if spec else None,
-                   max_threads_per_sm(spec.compute_capability if spec else None))
+                   max_threads_per_sm(spec.compute_capability if spec else compute_capability))
 
 
 @dataclass(slots=True)
