@@ -72,6 +72,23 @@ def test_a_channels_first_batch_norm_waits_on_its_blocks_on_a_gpu_only() -> None
     assert estimate_records([record], "fp32", cpu).step_s == estimate_records([channels_last], "fp32", cpu).step_s
 
 
+def test_what_nchw_costs_a_batch_norm_is_its_channels_first_time_not_a_transpose() -> None:
+    # the 1-SM case above: the blocks' 1,235.12 us beyond the statistics pass's 1,027.60 us at the bandwidth
+    # is what channels-first costs (207.52 us); no convolution, so no transposes
+    one = DeviceModel("gpu", "gpu", synthetic_profile(0.0), sm_count=1)
+    step = estimate_records([batch_norm(64)], "fp32", one)
+    assert step.channels_first_s == pytest.approx(1235.12e-6 - 1027.60e-6, rel=1e-3)
+    assert step.layout_s == 0.0
+    assert step.to_dict()["channels_first_s"] == step.channels_first_s
+    # timed as if channels-last, the op pays nothing for it: the bandwidth's 3,082.81 us
+    as_channels_last = dataclasses.replace(one, channels_last=True)
+    assert estimate_records([batch_norm(64)], "fp32", as_channels_last).step_s == pytest.approx(3082.81e-6, rel=1e-4)
+    # a host that takes 10 ms to issue the op hides the device's time: channels-last would save nothing
+    slow_host = dataclasses.replace(one, profile=synthetic_profile(10e-3))
+    assert estimate_records([batch_norm(64)], "fp32", slow_host).step_s == \
+        estimate_records([batch_norm(64)], "fp32", dataclasses.replace(slow_host, channels_last=True)).step_s
+
+
 def test_the_trace_records_each_batch_norm_channels_and_layout() -> None:
     def build() -> nn.Module:
         return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Flatten(), nn.Linear(16 * 64, 2))

@@ -202,6 +202,7 @@ class DeviceEstimate:
             "bound": self.step.bound if fits else None,
             "time_breakdown_s": dict(self.step.by_bound) if fits else None,
             "layout_transposes_s": self.step.layout_s if fits else None,
+            "channels_first_s": self.step.channels_first_s if fits else None,
             "calibration": self.target.calibration,
             "calibration_source": self.step.calibration_source,
             "calibration_note": self.target.note,
@@ -620,6 +621,18 @@ def this_machine(db: HardwareDB, cpus: int, name: str = "this machine") -> Host:
 def _pcie_gen(db: HardwareDB, cpu_id: str | None) -> int | None:
     cpu = db.host_cpu(cpu_id)
     return None if cpu is None else cpu.pcie_gen
+
+
+def channels_last_saving(estimate: Estimate, result: DeviceEstimate) -> float:
+    """Seconds of `result`'s step that channels-last tensors would save: the device's step timed again with no
+    op paying for channels-first layouts (DeviceModel.channels_last), against the same step as it is; the host's
+    queue decides how much of the device time left out shortens the step (none where the host limits it)."""
+    if not result.step.channels_first_s:
+        return 0.0
+    target = result.target
+    as_is = step_time(estimate.trace, estimate.settings, target)
+    channels_last = replace(target, device=replace(target.device, channels_last=True))
+    return max(0.0, as_is.step_s - step_time(estimate.trace, estimate.settings, channels_last).step_s)
 
 
 def peak_flops(target: EstimateTarget, precision: str) -> float | None:

@@ -92,6 +92,9 @@ class DeviceModel:
     """A GPU's boost clock (its integer instruction rate, with sm_count)."""
     threads_per_sm: int = 2048
     """A GPU's resident threads per SM (ops.max_threads_per_sm of its compute capability)."""
+    channels_last: bool = False
+    """Time the step as if its tensors were channels-last: no op pays for channels-first layouts
+    (OpTime.layout_s), what the channels-last tip compares against."""
     measured_s: Mapping[tuple, float] | None = field(default=None, compare=False, hash=False)
     """Seconds of one call of ops timed on this device at their exact shapes (a local CPU's convolutions:
     calibration/shapes.py), by shapes.shape_key; they replace the calibrated curves for those calls."""
@@ -136,8 +139,9 @@ class OpTime:
     """Time the device sat idle before it, waiting for the host (0 on a CPU)."""
     bound: str
     layout_s: float = 0.0
-    """Of memory_s, the transposes of channels-first tensors to NHWC and back around a tensor-core
-    convolution (0 for any other op)."""
+    """Of memory_s, what the op's channels-first (NCHW) tensors cost over channels-last ones: a tensor-core
+    convolution's transposes to NHWC and back, a batch norm's wait on its one-block-per-channel passes
+    (ops.channel_block_seconds); 0 for any other op."""
     calls: int = 1
     """Calls this entry stands for (a repeated block's op, or a micro-batch's, times its repeats): its
     flops, bytes and seconds are the total over them."""
@@ -180,7 +184,14 @@ class StepTime:
     @property
     def layout_s(self) -> float:
         """Seconds of the step spent transposing channels-first tensors to NHWC and back for
-        tensor-core convolutions: what channels-last tensors would save."""
+        tensor-core convolutions (part of channels_first_s)."""
+        return sum(op.layout_s for op in self.ops if op.op not in BATCH_NORM_CHANNEL_PASSES)
+
+    @property
+    def channels_first_s(self) -> float:
+        """Seconds the step's channels-first (NCHW) tensors cost over channels-last ones: the convolutions'
+        transposes (layout_s) and batch norms' waits on their per-channel blocks: what channels-last tensors
+        would save."""
         return sum(op.layout_s for op in self.ops)
 
     def top_ops(self, count: int = 10) -> list[dict[str, Any]]:
@@ -204,6 +215,7 @@ class StepTime:
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         return {"device_id": self.device_id, "step_time_s": self.step_s, "bound": self.bound,
                 "by_bound_s": dict(self.by_bound), "layout_transposes_s": self.layout_s,
+                "channels_first_s": self.channels_first_s,
                 "calibration": self.calibration,
                 "calibration_source": self.calibration_source, "top_ops": self.top_ops(top)}
 
@@ -256,7 +268,8 @@ class _OpTimer:
 
     def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float, float]:
         kind, compute, memory, layout = self._device_time(record)
-        return kind, compute, memory, self._first_touch_seconds(record, kind), layout
+        return kind, compute, memory, self._first_touch_seconds(record, kind), 0.0 if self.device.channels_last \
+            else layout
 
     def _first_touch_seconds(self, record: OpRecord, kind: OpClass) -> float:
         """On a CPU, the page faults of the op's large new outputs (FRESH_PAGES_MIN_BYTES and up):
@@ -287,10 +300,11 @@ class _OpTimer:
                 return self._gpu_convolution(record, kind, moved, compute, memory)
             return kind, compute, memory, 0.0
         memory = self._memory_seconds(kind.series, kind.dtype, moved)
+        layout = 0.0  # a channels-first batch norm's wait on its per-channel blocks beyond its bytes' time
         if record.norm is not None and self.device.kind == "gpu" and self.device.sm_count:
-            memory = self._channel_blocks(record, moved, memory)
+            layout = self._channel_blocks(record, moved, memory) - memory
         compute = record.flops / self.fp32_peak if record.flops else 0.0
-        return kind, compute, memory, 0.0
+        return kind, compute, memory, layout
 
     def _channel_blocks(self, record: OpRecord, moved: int, memory: float) -> float:
         """A batch norm's memory time with its one-block-per-channel passes (ops.channel_block_seconds) at
