@@ -221,3 +221,54 @@ def example_input(batch_size):
         assert ("Tip: on a100-sxm4-80gb, channels-last tensors would make each step" in printed) is not channels_last
         assert main(["estimate", str(path), *settings[:-1], "8"]) == 0
         assert "Tip:" not in capsys.readouterr().out
+
+
+NCHW_CNN = '''import torch
+from torch import nn
+BATCH_SIZE = 128
+def build_model():
+    return nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+                         nn.Conv2d(128, 64, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+def example_input(batch_size):
+    return torch.randn(batch_size, 64, 56, 56)
+'''
+
+
+def test_the_report_and_the_tui_give_the_channels_last_advice_too(tmp_path) -> None:
+    # the same estimate as the command line's tip: a report recommendation for the fastest device, and a line
+    # in the TUI's panel of a device where channels-last would save 5% or more
+    import asyncio
+
+    from advisor.app.plan import plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+    from advisor.present.layout import channels_last_advice
+    from advisor.report.content import recommendations
+    from advisor.tui.app import AdvisorApp
+    from textual.widgets import DataTable, Static
+
+    path = tmp_path / "nchw_cnn.py"
+    path.write_text(NCHW_CNN)
+    db = load_hwdb(include_user_layers=False)
+    request = PlanRequest(model=str(path), gpus=["a100-sxm4-80gb"], precision="fp16", steps=10)
+    estimate = plan(request, db)
+    advice = channels_last_advice(estimate, estimate.results[0])
+    assert advice is not None and advice.startswith("would make each step") and "batch norm" in advice
+    found = {r.title: r for r in recommendations(estimate, None, None)}
+    assert found["Channels-last tensors"].device == "a100-sxm4-80gb" and found["Channels-last tensors"].reason == advice
+
+    app = AdvisorApp(db, request)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            screen = app.estimate_screen
+            screen.query_one("#devices", DataTable).focus()
+            await pilot.press("enter")  # the device's panel
+            await pilot.pause()
+            assert screen.selected == "a100-sxm4-80gb"
+            assert f"Tip: channels-last tensors {advice}" in str(screen.query_one("#detail-input", Static).render())
+
+    asyncio.run(scenario())

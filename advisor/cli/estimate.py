@@ -16,6 +16,7 @@ from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
 from advisor.present.format import describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
+from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
 from advisor.present.pipeline import pipeline_line, supply_line
 from advisor.present.plans import plan_lines
@@ -284,29 +285,6 @@ def _calibration_line(estimate: Estimate) -> str:
     return "Calibration: " + "; ".join(parts + notes)
 
 
-LAYOUT_TIP_SHARE = 0.05
-"""The summary suggests channels-last tensors where they would shorten the fastest device's step by this share
-or more (what NCHW tensors cost there: cuDNN's layout transposes, batch norm's per-channel blocks)."""
-
-
-def _layout_tip(estimate: Estimate, best: DeviceEstimate) -> str | None:
-    """The channels-last tip where channels-last tensors would shorten the fastest device's step by
-    LAYOUT_TIP_SHARE or more (estimate.plan.channels_last_saving), naming what NCHW tensors cost there:
-    cuDNN's transposes, batch norm's per-channel blocks, or both."""
-    from advisor.estimate.plan import channels_last_saving
-
-    step = best.step
-    saving = channels_last_saving(estimate, best) / step.step_s if step.step_s else 0.0
-    if saving < LAYOUT_TIP_SHARE:
-        return None
-    causes = [cause for seconds, cause in (
-        (step.layout_s, "cuDNN transposes them to NHWC and back around tensor-core convolutions"),
-        (step.channels_first_s - step.layout_s, "batch norm reduces them one thread block per channel"))
-        if seconds > 0]
-    return (f"Tip: on {best.id}, channels-last tensors would make each step {saving:.0%} faster: in NCHW, "
-            f"{' and '.join(causes)} (model.to(memory_format=torch.channels_last), and the inputs likewise)")
-
-
 def _summary(estimate: Estimate) -> list[str]:
     spot = estimate.settings.spot
     lines = []
@@ -316,9 +294,9 @@ def _summary(estimate: Estimate) -> list[str]:
         speed = "" if best.throughput_tokens_per_s is None else f"{best.throughput_tokens_per_s:,.0f} tokens/s, "
         mfu = "" if best.mfu is None else f", {best.mfu:.0%} MFU"
         lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({speed}{best.step.bound}-bound{mfu})")
-        tip = _layout_tip(estimate, best)
-        if tip:
-            lines.append(tip)
+        advice = channels_last_advice(estimate, best)
+        if advice:
+            lines.append(f"Tip: on {best.id}, channels-last tensors {advice}")
     if by_cost:
         best = by_cost[0]
         offer = best.cheapest(spot)

@@ -17,6 +17,7 @@ import yaml
 
 from advisor import __version__, units
 from advisor.present.format import describe_params, duration, money, percent, plan_duration, si
+from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import input_bound, pipeline_line, supply_line
 from advisor.present.plans import SEARCHED, plan_line, plan_outcome, plans_title
@@ -204,6 +205,9 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         found.append(Recommendation(title, best.id, f"{money(best.job_cost_usd(spot))} USD ({kind}), done in "
                                     f"{plan_duration(best.time_to_train_s)}") if best is not None
                      else Recommendation(title, "no device", "no rentable device finishes the job by the deadline"))
+    advice = channels_last_advice(estimate, by_time[0]) if by_time else None
+    if advice:
+        found.append(Recommendation("Channels-last tensors", by_time[0].id, advice))
     limited = input_bound(estimate)
     if limited:
         found.append(Recommendation("Input pipeline limits", f"{len(limited)} GPUs", supply_line(estimate) or ""))

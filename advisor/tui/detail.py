@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from advisor.present.format import duration, money, percent, plan_duration
+from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import alternatives_line, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import describe_supply
 from advisor.estimate.plan import DeviceEstimate, Estimate
@@ -58,7 +59,9 @@ class DeviceDetail(VerticalScroll):
         self.query_one("#detail-parallel", Static).update("\n".join(several))
         feeding = "" if result.input_supply is None or not result.fits else \
             f"Input: {describe_supply(result, unit)}"
-        self.query_one("#detail-input", Static).update(feeding)
+        advice = channels_last_advice(estimate, result)
+        tip = "" if advice is None else f"Tip: channels-last tensors {advice}"
+        self.query_one("#detail-input", Static).update("\n".join(text for text in (feeding, tip) if text))
         ops = self.query_one("#detail-ops", DataTable)
         ops.clear()
         for row in step.top_ops(TOP_OPS) if result.fits else []:
