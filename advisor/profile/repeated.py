@@ -627,13 +627,15 @@ def expand_memory(memory: Any, located: Sequence[RunTicks], copies: dict[int, tu
                         free((old, iteration), new_tick)
             continue
         segment = item
+        emitted = by_segment[segment]
+        first_tick = ticks.in_copy(segment, 0, 0)  # a copy's ticks: tick + first_tick + copy x segment.length
         for copy, iteration in enumerate(segment.iterations):
-            for event, tick in by_segment[segment]:
-                new_tick = ticks.in_copy(segment, copy, tick)
+            offset = first_tick + copy * segment.length
+            for event, tick in emitted:
                 if event >= 0:
-                    allocate(event, (event, iteration), new_tick)
+                    allocate(event, (event, iteration), tick + offset)
                 else:
-                    free(instance_of(~event, segment, iteration), new_tick)
+                    free(instance_of(~event, segment, iteration), tick + offset)
     for (old, _), index in instance.items():  # still alive: so must the storage it copies have been
         if storages[old].freed_at is not None and old not in copies:
             raise NotRepeated("a replicated storage is never freed where its template is")

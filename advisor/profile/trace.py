@@ -1290,8 +1290,19 @@ def _run_checkpointed(module: torch.nn.Module) -> None:
 
 
 def _params_by_module(model: torch.nn.Module) -> dict[str, int]:
-    return {name: sum(p.numel() for p in module.parameters() if p.requires_grad)
-            for name, module in model.named_modules()}
+    """Trainable parameters (elements) under each module, by its name in named_modules(). Summed from the
+    leaves up, each module's own and its children's (one walk: asking each module for its parameters walks
+    its subtree again, Llama-3-70B's 80 layers at every level); where a module or parameter is registered
+    twice (tied weights) each module's own subtree is asked, which counts a shared parameter once."""
+    modules = list(model.named_modules())
+    if len(modules) != sum(1 for _ in model.named_modules(remove_duplicate=False)) or \
+            len({id(p) for p in model.parameters()}) != sum(1 for _ in model.named_parameters(remove_duplicate=False)):
+        return {name: sum(p.numel() for p in module.parameters() if p.requires_grad) for name, module in modules}
+    totals: dict[int, int] = {}
+    for _, module in reversed(modules):  # children after their parents in named_modules(): leaves first
+        totals[id(module)] = sum(p.numel() for p in module._parameters.values() if p is not None and p.requires_grad) \
+            + sum(totals[id(child)] for child in module._modules.values() if child is not None)
+    return {name: totals[id(module)] for name, module in modules}
 
 
 def _check_inputs(inputs: Any, batch_size: int, source: str | None) -> None:
