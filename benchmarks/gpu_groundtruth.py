@@ -127,7 +127,8 @@ from advisor.memory.estimate import StepMemory, device_memory  # noqa: E402
 from advisor.paths import shipped_dir  # noqa: E402
 from advisor.probe.cpu import probe_cpu  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
-    StepTrace, call_model, checkpoint_blocks, default_loss, make_optimizer, trace_training_step,
+    PURE_LOW_PRECISION, StepTrace, call_model, cast_inputs, checkpoint_blocks, default_loss, make_optimizer,
+    trace_training_step,
 )
 
 PRECISIONS = ("fp32", "tf32", "amp-bf16", "amp-fp16")
@@ -143,8 +144,6 @@ PRECISION_NOTES = {
             "models whose ModelSpec.precisions name it",
 }
 AUTOCAST = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
-CAST = {"bf16": torch.bfloat16}
-"""Precisions that cast the model (and its floating-point inputs) before the optimizer is made."""
 PARTS = ("tests", "calibration", "steps", "compare")
 EXIT_MORE = 10
 """Exit code when parts remain: run the same command again."""
@@ -558,10 +557,10 @@ def build_training(spec: ModelSpec, key: RowKey, device: Device, dry: bool) -> T
         model = build()
     model.train()
     inputs = to_device(make_input(key.batch), device.torch_device)
-    cast = CAST.get(key.precision)
+    cast = PURE_LOW_PRECISION.get(key.precision)  # pure bf16: the model and its floating-point inputs cast
     if cast is not None:
         model.to(cast)
-        inputs = tree_map(lambda t: t.to(cast) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, inputs)
+        inputs = cast_inputs(inputs, cast)
     if spec.checkpointing:
         enable_checkpointing(model)
     optimizer = make_optimizer(spec.optimizer, [p for p in model.parameters() if p.requires_grad])

@@ -300,23 +300,24 @@ class _OpTimer:
                 return self._gpu_convolution(record, kind, moved, compute, memory)
             return kind, compute, memory, 0.0
         memory = self._memory_seconds(kind.series, kind.dtype, moved)
-        layout = 0.0  # a channels-first batch norm's wait on its per-channel blocks beyond its bytes' time
+        layout = 0.0
         if record.norm is not None and self.device.kind == "gpu" and self.device.sm_count:
-            layout = self._channel_blocks(record, moved, memory) - memory
+            layout = self._channel_block_wait(record, moved, memory)
         compute = record.flops / self.fp32_peak if record.flops else 0.0
         return kind, compute, memory, layout
 
-    def _channel_blocks(self, record: OpRecord, moved: int, memory: float) -> float:
-        """A batch norm's memory time with its one-block-per-channel passes (ops.channel_block_seconds) at
-        the slower of their own rate and the bandwidth the rest of the op gets."""
+    def _channel_block_wait(self, record: OpRecord, moved: int, memory: float) -> float:
+        """Seconds a channels-first batch norm waits on its one-block-per-channel passes
+        (ops.channel_block_seconds) beyond the time their share of its bytes takes at the bandwidth (`memory`:
+        the whole op's bytes at the bandwidth)."""
         assert record.norm is not None and self.device.sm_count
         blocked = channel_block_seconds(record.norm, record.op, self.device.sm_count, self.device.threads_per_sm)
         if not blocked or not moved:
-            return memory
+            return 0.0
         passes = BATCH_NORM_CHANNEL_PASSES[record.op]
         itemsize = 2 if any(name in record.dtypes for name in HALF_DTYPES) else 4
         share = min(1.0, passes * record.norm.elements * itemsize / moved)  # of the op's bytes
-        return memory * (1 - share) + max(memory * share, blocked)
+        return max(0.0, blocked - memory * share)
 
     def _measured_seconds(self, record: OpRecord) -> float | None:
         """The op's time measured on this device at its exact shapes (DeviceModel.measured_s), if it was."""

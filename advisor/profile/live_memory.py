@@ -173,9 +173,10 @@ class LiveMemory:
     def _breakdowns(self, sizes: list[int], positions: list[int]) -> dict[int, dict[str, int]]:
         """_breakdown at each of `positions`, in one pass over the events: live bytes by category, added up
         as storages are allocated and freed, copied at each position (the multi-GPU planner asks three per
-        layout it sizes; one pass each took a fifth of its memory work for the 7B example)."""
-        wanted = sorted(set(positions))
-        found: dict[int, dict[str, int]] = {}
+        layout it sizes; one pass each took a fifth of its memory work for the 7B example); a position before
+        the first event (-1) has nothing live."""
+        found = {position: dict.fromkeys(CATEGORIES, 0) for position in positions if position < 0}
+        wanted = sorted({position for position in positions if position >= 0})
         if not wanted:
             return found
         categories = [s.category for s in self.storages]
@@ -199,16 +200,7 @@ class LiveMemory:
 
     def _breakdown(self, sizes: list[int], position: int) -> dict[str, int]:
         """Live bytes by category after event `position`."""
-        live: set[int] = set()
-        for event in self.events[: position + 1]:
-            if event >= 0:
-                live.add(event)
-            else:
-                live.discard(~event)
-        breakdown = dict.fromkeys(CATEGORIES, 0)
-        for index in live:
-            breakdown[self.storages[index].category] += sizes[index]
-        return breakdown
+        return self._breakdowns(sizes, [position])[position]
 
     def timeline(self, block: int = 1) -> list[tuple[int, int]]:
         """(tick, live bytes after the tick's last event) for every tick with an event."""

@@ -1296,7 +1296,7 @@ def _params_by_module(model: torch.nn.Module) -> dict[str, int]:
     twice (tied weights) each module's own subtree is asked, which counts a shared parameter once."""
     modules = list(model.named_modules())
     if len(modules) != sum(1 for _ in model.named_modules(remove_duplicate=False)) or \
-            len({id(p) for p in model.parameters()}) != sum(1 for _ in model.named_parameters(remove_duplicate=False)):
+            sum(1 for _ in model.parameters()) != sum(1 for _ in model.named_parameters(remove_duplicate=False)):
         return {name: sum(p.numel() for p in module.parameters() if p.requires_grad) for name, module in modules}
     totals: dict[int, int] = {}
     for _, module in reversed(modules):  # children after their parents in named_modules(): leaves first
