@@ -106,10 +106,38 @@ def test_the_sibling_batch_is_traced_by_a_child_from_the_built_model() -> None:
     sibling = Sibling(4)
     first = trace(2, sibling)
     assert built == [1] and first.batch_size == 2  # one build here for both batches
-    assert sibling.trace is not None and sibling.trace.batch_size == 4
+    assert sibling.pending is not None  # left running while this process goes on
+    second = sibling.collect()
+    assert second is not None and second.batch_size == 4 and sibling.pending is None
     alone = trace(4)
-    assert sibling.trace.records == alone.records
-    assert StepMemory.of_trace(sibling.trace) == StepMemory.of_trace(alone)
+    assert second.records == alone.records
+    assert StepMemory.of_trace(second) == StepMemory.of_trace(alone)
+
+
+@needs_fork
+def test_the_estimate_times_each_gpu_while_the_child_traces_the_second_batch(monkeypatch) -> None:
+    # the estimate asks for the second trace only after timing each GPU's step on the first, and comes out as
+    # it does from the two traces given ready
+    skip_unless_a_child_can_trace()
+    import advisor.estimate.plan as estimate_plan
+    from advisor.app.plan import plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+    from advisor.memory.plan import SecondTrace
+
+    timed: list[str] = []
+    timed_before_second: list[int] = []
+    step_time, get = estimate_plan.step_time, SecondTrace.get
+    monkeypatch.setattr(estimate_plan, "step_time", lambda trace, settings, target, *rest:
+                        timed.append(target.id) or step_time(trace, settings, target, *rest))
+    monkeypatch.setattr(SecondTrace, "get", lambda self: timed_before_second.append(len(timed)) or get(self))
+    request = PlanRequest(model="gpt2_small", gpus=("h100-sxm", "rtx-3060", "a100-sxm4-80gb"), plans="never",
+                          input_pipeline=False)
+    db = load_hwdb()
+    estimate = plan(request, db)
+    assert timed_before_second[0] == 3 and sorted(timed) == sorted(request.gpus)
+    again = plan(request, db, traces=(estimate.trace, estimate.second))
+    assert [r.to_dict() for r in again.results] == [r.to_dict() for r in estimate.results]
 
 
 @needs_fork

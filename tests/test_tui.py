@@ -603,13 +603,13 @@ def test_a_change_of_gpus_or_prices_reuses_the_traced_step(monkeypatch: pytest.M
     import advisor.estimate.plan as estimate_plan
 
     traced: list[int] = []
-    original = estimate_plan.trace_both_batches
+    original = estimate_plan.trace_pair
 
     def counting(model, settings, *args, **kwargs):
         traced.append(settings.batch_size)
         return original(model, settings, *args, **kwargs)
 
-    monkeypatch.setattr(estimate_plan, "trace_both_batches", counting)
+    monkeypatch.setattr(estimate_plan, "trace_pair", counting)
 
     async def scenario(app: AdvisorApp, pilot) -> None:
         from textual.widgets import Switch

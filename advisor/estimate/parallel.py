@@ -26,7 +26,7 @@ from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
 from advisor.memory.allocator import MIN_BLOCK
 from advisor.memory.estimate import BatchMemoryModel, StepMemory, device_memory
-from advisor.memory.plan import ShardedMemory
+from advisor.memory.plan import SecondTrace, ShardedMemory
 from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
 from advisor.parallel.strategy import (
     FULLY_SHARDED,
@@ -240,11 +240,15 @@ class LayoutMemory:
     batch line, at twice it): the rank's re-played live memory through the allocator, once per layout. Also
     the tensor-parallel plan of the step and each degree's rank trace (parallel/tensor.py)."""
 
-    def __init__(self, trace: StepTrace, second: StepTrace | None, stored: dict[str, dict] | None = None) -> None:
-        """`stored`: what stored() gave for the same two traces before (the trace cache keeps it)."""
-        self.trace, self.second = trace, second
+    def __init__(self, trace: StepTrace, second: StepTrace | SecondTrace | None,
+                 stored: dict[str, dict] | None = None) -> None:
+        """`second`: the step at twice the batch, or one still being traced (memory.plan.trace_pair), waited for
+        when first needed; `stored`: what stored() gave for the same two traces before (the trace cache
+        keeps it)."""
+        self.trace = trace
+        self._second = SecondTrace.ready(second) if isinstance(second, StepTrace) else second
         self.sharding = Sharding.of_trace(trace)
-        self._second_sharding = None if second is None else Sharding.of_trace(second)
+        self._second_sharding: Sharding | None = None
         self._steps: dict[tuple[str, bool, int, int], StepMemory] = dict((stored or {}).get("steps", {}))
         self._lines: dict[tuple[str, bool, int, int], BatchMemoryModel] = dict((stored or {}).get("lines", {}))
         self._stored_count = len(self._steps) + len(self._lines)
@@ -254,6 +258,11 @@ class LayoutMemory:
         self._whole: dict[int, int] = {}
         self._plan: TensorPlan | str | None = None
         self._tensor: dict[tuple[int, bool], StepTrace] = {}
+
+    @property
+    def second(self) -> StepTrace | None:
+        """The step at twice the batch (None: not traced)."""
+        return None if self._second is None else self._second.get()
 
     def stored(self) -> dict[str, dict] | None:
         """Each layout's memory re-played so far, for the trace cache; None when nothing was added to what
@@ -295,6 +304,8 @@ class LayoutMemory:
 
     def sharding_for(self, tp: int, second: bool = False) -> Sharding:
         """What the data-parallel strategies see of one rank of a tensor-parallel group of `tp`."""
+        if second and self._second_sharding is None and self.second is not None:
+            self._second_sharding = Sharding.of_trace(self.second)
         base = self._second_sharding if second else self.sharding
         assert base is not None
         return base if tp == 1 else base.tensor_parallel(self.split_plan().kept_share(tp))
@@ -354,7 +365,7 @@ class LayoutMemory:
     def batch_model(self, layout: Layout) -> BatchMemoryModel | None:
         """One rank's memory against its batch (the second trace re-played only when asked; None without
         a second trace)."""
-        if self.second is None or self._second_sharding is None:
+        if self.second is None:
             return None
         key = self._key(layout)
         if key not in self._lines:

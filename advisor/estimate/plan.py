@@ -46,7 +46,7 @@ from advisor.estimate.targets import EstimateTarget, with_measured_shapes
 from advisor.hardware.specs import HardwareDB
 from advisor.units import GIB
 from advisor.memory.estimate import DeviceMemory, cannot_hold, device_memory
-from advisor.memory.plan import MemorySettings, layouts_cache_key, step_memory, trace_both_batches
+from advisor.memory.plan import MemorySettings, SecondTrace, layouts_cache_key, step_memory, trace_both_batches, trace_pair
 from advisor.pipeline.hosts import physical_memory_bytes, this_machine_cpu, thread_speed
 from advisor.pipeline.links import host_link_rate
 from advisor.pipeline.supply import Feed, Host, InputSupply, PipelineProfile, input_supply, storage_share
@@ -657,12 +657,24 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
                     progress: Progress, trace: StepTrace | None, second: StepTrace | None,
                     pipeline: PipelineProfile | None) -> Estimate:
     memory_settings = settings.memory
-    if trace is None or second is None:
-        trace, second = trace_both_batches(model, memory_settings, trace, progress)
+    pending = SecondTrace.ready(second) if trace is not None and second is not None else None
+    if pending is None:
+        trace, pending = trace_pair(model, memory_settings, trace, progress)
+    assert trace is not None
+    try:  # what needs only the first trace, while a child may still trace the second
+        lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # for every GPU
+        singles = {target.id: step_time(trace, settings, target, lowered) for target in targets
+                   if target.device.kind == "gpu" and not (settings.num_gpus is not None and settings.num_gpus > 1
+                                                            and spreads(target))}  # each GPU's step alone
+        layouts_key = layouts_cache_key(model, memory_settings)  # the layouts re-played from these traces before
+        layouts = LayoutMemory(trace, pending, trace_cache.load(layouts_key, trace_cache.LAYOUTS_SUFFIX, dict))
+        step = layouts.step(ONE_GPU)  # kept with the layouts
+    except BaseException:
+        pending.abandon()
+        raise
+    second = pending.get()
     assert second.batch_size == 2 * trace.batch_size == 2 * memory_settings.traced_batch
-    layouts_key = layouts_cache_key(model, memory_settings)  # the layouts re-played from these traces before
-    layouts = LayoutMemory(trace, second, trace_cache.load(layouts_key, trace_cache.LAYOUTS_SUFFIX, dict))
-    step, batch_model = layouts.step(ONE_GPU), layouts.batch_model(ONE_GPU)  # kept with the layouts
+    batch_model = layouts.batch_model(ONE_GPU)
     assert batch_model is not None
     cpu_trace, cpu_batch_model, cpu_step = trace, batch_model, step
     if trace.fused_attention_dropout and any(target.device.kind != "gpu" for target in targets):
@@ -673,7 +685,6 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     results = []
     # A CPU has no caching allocator: its peak is the tensors' peak.
     cpu_step = replace(cpu_step, allocated=cpu_step.tensor_peak, reserved=cpu_step.tensor_peak)
-    lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # once for every GPU
     skipped: list[tuple[str, str]] = []
     gpus = settings.num_gpus
     layouts.check_splittable(settings.parallel, settings.tp, model.source)
@@ -692,7 +703,7 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
                 results.append(result_or_why)
             continue
         memory = device_memory(step, target, target.memory_overhead, batch_model, memory_settings.cuda_context_bytes)
-        single = step_time(trace, settings, target, lowered)
+        single = singles[target.id]
         result = estimate_device(trace, settings, target, memory, db, lowered, pipeline, step=single)
         if gpus is None and spread and not memory.fits:
             result = replace(result, scale_out=smallest_fit(trace, settings, target, db, layouts, lowered, pipeline,

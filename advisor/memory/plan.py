@@ -145,8 +145,8 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
     """One traced step of `model` at `batch_size` samples per forward, with the settings' options;
     attention with dropout as GPUs run it, unless `attention` is "cpu" (profile/attention.py).
     `progress` hears how far a long trace got. A step traced before with the same model and settings
-    comes from the trace cache (trace_cache.py) and is stored there when traced; so is the step at
-    `sibling`'s batch, where a traced step brought it (profile.trace.Sibling)."""
+    comes from the trace cache (trace_cache.py) and is stored there when traced (the step at `sibling`'s
+    batch, profile.trace.Sibling, when the caller collects it: trace_pair)."""
     key = _cache_key(model, settings, batch_size, attention)
     cached = trace_cache.load(key)
     if cached is not None:
@@ -158,8 +158,6 @@ def trace_for_memory(model: ModelFile, settings: MemorySettings, batch_size: int
                                 timeout_s=settings.trace_timeout_s, progress=progress,
                                 build_optimizer=model.optimizer, adaptation=settings.adaptation, sibling=sibling)
     trace_cache.store(key, trace)
-    if sibling is not None and sibling.trace is not None:
-        trace_cache.store(_cache_key(model, settings, sibling.batch_size, attention), sibling.trace)
     return trace
 
 
@@ -183,13 +181,50 @@ def layouts_cache_key(model: ModelFile, settings: MemorySettings, attention: str
                                  sizing=trace_cache.source_fingerprint("memory", "parallel", "estimate"))
 
 
+class SecondTrace:
+    """The step at twice the batch, as trace_pair leaves it: `get()` waits for the child tracing it (or traces
+    it here where the child could not), once; the caller does what needs only the first step meanwhile, and
+    `abandon()`s it where that raised (the child is stopped)."""
+
+    def __init__(self, produce: Callable[[], StepTrace], abandon: Callable[[], None] = lambda: None) -> None:
+        self._produce: Callable[[], StepTrace] | None = produce
+        self._abandon = abandon
+        self._trace: StepTrace | None = None
+
+    @classmethod
+    def ready(cls, trace: StepTrace) -> SecondTrace:
+        return cls(lambda: trace)
+
+    def get(self) -> StepTrace:
+        if self._produce is not None:
+            produce, self._produce = self._produce, None
+            self._trace = produce()
+        assert self._trace is not None
+        return self._trace
+
+    def abandon(self) -> None:
+        """Stop the child where it still runs (nothing once get() returned)."""
+        if self._produce is not None:
+            self._produce = None
+            self._abandon()
+
+
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
                        progress: Callable[[str], None] = lambda message: None,
                        parallel: bool = True, attention: str = "cuda") -> tuple[StepTrace, StepTrace]:
+    """The step traced at the settings' batch (or `trace`, reused) and at twice it (trace_pair), both done."""
+    first, second = trace_pair(model, settings, trace, progress, parallel, attention)
+    return first, second.get()
+
+
+def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
+               progress: Callable[[str], None] = lambda message: None,
+               parallel: bool = True, attention: str = "cuda") -> tuple[StepTrace, SecondTrace]:
     """The step traced at the settings' batch (or `trace`, reused) and at twice it, for the memory
     line against batch size, with attention traced the `attention` way (trace_for_memory). With
     `parallel` and a second CPU, the larger trace runs in a child forked once the model is built, while
-    this process traces the first (profile.trace.Sibling); the traces are the same either way."""
+    this process traces the first (profile.trace.Sibling), and is still running when this returns:
+    SecondTrace.get() waits for it. The traces are the same either way."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
     if trace is None:  # the trace cache's, when a run before traced it; the second step's with it
@@ -198,21 +233,29 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
         if second is not None:
             progress(f"using the steps of {model.source} traced at batches {batch} and {2 * batch} before "
                      "(the trace cache)")
-            return trace, second
+            return trace, SecondTrace.ready(second)
+
+    def traced_here() -> StepTrace:
+        progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
+        return trace_for_memory(model, settings, 2 * batch, attention)
+
     if trace is not None or not (parallel and can_fork()):
         if trace is None:
             progress(f"tracing a training step of {model.source} at batch {batch}")
             trace = trace_for_memory(model, settings, batch, attention, progress)
-        progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
-        return trace, trace_for_memory(model, settings, 2 * batch, attention)
+        return trace, SecondTrace(traced_here)
     progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
     sibling = Sibling(2 * batch)  # traced in a child forked once the model is built
     trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
-    second = sibling.trace
-    if second is None:
-        progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
-        second = trace_for_memory(model, settings, 2 * batch, attention)
-    return trace, second
+
+    def collected() -> StepTrace:
+        found = sibling.collect()
+        if found is None:
+            return traced_here()
+        trace_cache.store(_cache_key(model, settings, 2 * batch, attention), found)
+        return found
+
+    return trace, SecondTrace(collected, sibling.abandon)
 
 
 def step_memory(trace: StepTrace, second: StepTrace) -> tuple[StepMemory, BatchMemoryModel]:

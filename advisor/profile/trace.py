@@ -677,13 +677,32 @@ class _Setup:
 class Sibling:
     """A second batch size traced beside the first (trace_training_step's `sibling`): a child forked once the
     model is built traces the step at `batch_size` from there, on the other CPU, while this process traces
-    its own; `trace` is that step, or None where no child could run it (one CPU, other threads, a step that
-    needed real values) or it failed: the caller then traces that batch itself. (The memory model needs the
+    its own, and is left running when this process's step is done: collect() gives its step, or None where no
+    child could run it (one CPU, other threads, a step that needed real values) or it failed: the caller then
+    traces that batch itself. (The memory model needs the
     step at two batches; a child forked before the build built the model again: Llama-3-70B's 80 layers,
     a third of its trace.)"""
 
     batch_size: int
     trace: StepTrace | None = None
+    pending: ForkedCall[StepTrace] | None = None
+    """The child still tracing (or done and unread) once this process's own step is traced: collect() waits."""
+    grace_s: float = 0.0
+    """Seconds collect() waits for the child: CHILD_GRACE_S beyond the time this process's own step took."""
+
+    def collect(self) -> StepTrace | None:
+        """The child's step, waited for where it was left running (the caller meanwhile did other work that
+        needs only its own step); None where no child ran it or it failed."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.trace = pending.result(timeout_s=self.grace_s)
+        return self.trace
+
+    def abandon(self) -> None:
+        """Stop a child left running (a step traced again forks another)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.close()
 
 
 class _ConstructorNeedsValues(Exception):
@@ -851,10 +870,12 @@ class _Built:
 @contextmanager
 def _sibling_beside(setup: _Setup, values: str, step: Callable[[_Setup], StepTrace]) -> Iterator[None]:
     """Around this process's step on a built model: the step at setup.sibling's batch size in a child forked
-    from here (background.ForkedCall), which has the model built already, and its trace into the sibling
-    once this process's own is done. Only for steps on fake values, where a child can be forked; a child
-    that fails, or an error here (which kills it), leaves the sibling's trace None."""
+    from here (background.ForkedCall), which has the model built already, left to the sibling to collect
+    (Sibling.collect) once this process's own is done. Only for steps on fake values, where a child can be
+    forked; a child that fails, or an error here (which kills it), leaves the sibling's trace None."""
     sibling = setup.sibling
+    if sibling is not None:
+        sibling.abandon()
     if sibling is None or values != "fake" or not can_fork():
         yield
         return
@@ -868,7 +889,7 @@ def _sibling_beside(setup: _Setup, values: str, step: Callable[[_Setup], StepTra
         return
     with child:
         yield
-    sibling.trace = child.result(timeout_s=CHILD_GRACE_S + time.perf_counter() - started)
+    sibling.pending, sibling.grace_s = child, CHILD_GRACE_S + time.perf_counter() - started
 
 
 def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None, dedupe: bool,
