@@ -250,9 +250,11 @@ MEGATRON_FUSION = "Megatron/TE's fused kernels predicted as torch.compile's fusi
 """Megatron-Core with TransformerEngine runs fused normalisation, RoPE, SwiGLU, bias-dropout-add and
 Adam kernels: the nearest the tool expresses is --compile."""
 
-MEGATRON_BF16 = "amp-bf16"
-"""NeMo and Megatron train "bf16-mixed": bf16 math with fp32 main weights, gradients and Adam state; our
-amp-bf16 keeps the same state (fp8 keeps it too)."""
+MEGATRON_BF16 = "bf16-master"
+"""NeMo and Megatron train "bf16-mixed" as Megatron-Core's --bf16: the model in bf16 (weights, activations,
+gradients), fp32 main weights and Adam state in the (distributed) optimizer: our bf16-master (until
+2026-11-27 these rows ran as amp-bf16, which keeps fp32 weights whole on every rank and autocasts; fp8
+rows still do: the tool's fp8 is float8 Linear layers under bf16 autocast)."""
 
 
 def megatron(row: dict[str, str], lora: tuple[int, tuple[str, ...]] | None, micro: int | None = None,

@@ -75,7 +75,7 @@ def test_model_parallel_layouts_are_skipped_with_their_reason() -> None:
     run = run_of(row(**megatron, notes="GBS=32; MBS=1; TP=1 PP=1"))
     assert isinstance(run, PlanRun)
     assert (run.batch, run.micro_batch, run.accumulation, run.gpus, run.strategy, run.precision) == \
-        (4, 1, 4, 8, "zero1", "amp-bf16")
+        (4, 1, 4, 8, "zero1", "bf16-master")  # Megatron's bf16: fp32 masters in its optimizer
     # tensor parallel in groups of 2: 8 / 2 = 4 data-parallel groups take 32 / 4 = 8 sequences each
     run = run_of(row(**megatron, notes="GBS=32; MBS=1; TP=2 PP=1"))
     assert isinstance(run, PlanRun) and (run.batch, run.tp, run.request("h100-sxm").tp) == (8, 2, 2)

@@ -124,6 +124,8 @@ def test_a_run_of_eight_blocks_is_traced_as_three_and_gives_the_same_step():
     dict(precision="amp-bf16"),
     dict(precision="amp-fp16", optimizer="sgd"),
     dict(precision="bf16", optimizer="adafactor"),
+    dict(precision="bf16-master"),
+    dict(precision="bf16-master", optimizer="momentum", accumulate_gradients=True),
     dict(checkpointing=True),
     dict(accumulate_gradients=True, precision="amp-bf16"),
     dict(adaptation=Adaptation(lora_rank=4, lora_targets=("up", "down"))),

@@ -160,7 +160,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(autocast, mixed precision: the math in 16 bits, fp32 master weights, gradients and "
                              "optimizer state, plus a 16-bit copy of the weights: faster, but more memory than "
                              "fp32), bf16/fp16 (pure: weights, gradients and Adam's state in 16 bits, half of "
-                             "fp32's memory, less exact updates), fp8 (Linear layers in float8 as "
+                             "fp32's memory, less exact updates), bf16-master (bf16 weights, activations and "
+                             "gradients, fp32 master weights, their gradients and optimizer state, as Megatron's "
+                             "--bf16 and DeepSpeed's bf16 train; ZeRO-1 shards the masters), fp8 (Linear layers in float8 as "
                              "TransformerEngine and torchao run them, the rest as amp-bf16; GPUs with fp8 tensor "
                              f"cores: Ada, Hopper, Blackwell); default {LANGUAGE_MODEL_PRECISION} for a "
                              f"language model (one with a sequence length: SEQ_LEN, hf:), else {DEFAULT_PRECISION}")

@@ -204,12 +204,15 @@ def parameter_formula_bytes(params: int, precision: str, optimizer: str, frozen_
     """The parameter-count baseline (as `accelerate estimate-memory` and DeepSpeed's estimators
     compute it): weights + gradients + optimizer state per trainable parameter, no activations, no
     overhead, plus `frozen_bytes` of frozen weights (LoRA's base).
-    fp32: 4 + 4 + state; amp: + a 2-byte low-precision copy; pure bf16/fp16: 2 + 2 + state at 2.
+    fp32: 4 + 4 + state; amp: + a 2-byte low-precision copy; pure bf16/fp16: 2 + 2 + state at 2;
+    bf16-master: 2 + 2 + a 4-byte master and its 4-byte gradient + state at 4.
     State per parameter: Adam(W) 2 values (fused or not), momentum 1, SGD and Adafactor (factored) ~0;
     adamw8bit 2 bytes."""
     meaning = precision_of(precision)
-    stored = meaning.weight_bytes  # weights, gradients and each state value in the stored dtype
+    stored = meaning.weight_bytes  # weights and gradients in the stored dtype
+    master = 8 if meaning.master else 0  # the fp32 master and its fp32 gradient
+    extra = master + meaning.low_precision_copy_bytes
     if optimizer == "adamw8bit":
-        return params * (stored * 2 + 2 + meaning.low_precision_copy_bytes) + frozen_bytes
+        return params * (stored * 2 + 2 + extra) + frozen_bytes
     state_values = {"adam": 2, "adamw": 2, "momentum": 1}.get(optimizer.removesuffix("-fused"), 0)
-    return params * (stored * (2 + state_values) + meaning.low_precision_copy_bytes) + frozen_bytes
+    return params * (stored * 2 + meaning.state_bytes * state_values + extra) + frozen_bytes

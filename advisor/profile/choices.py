@@ -24,6 +24,10 @@ class Precision:
     float8: bool = False
     """Linear layers run as float8 training runs them (profile/float8.py: TransformerEngine's and torchao's
     Float8Linear), everything else under `autocast`."""
+    master: bool = False
+    """With `cast`: the optimizer keeps an fp32 master copy of every weight and its state in fp32, and writes
+    each update back into the cast weight (profile/master_weights.py: Megatron-Core's --bf16, DeepSpeed's
+    bf16 optimizer, apex O2)."""
 
     @property
     def matmul_dtype(self) -> str:
@@ -42,6 +46,11 @@ class Precision:
         return 2 if self.cast else 4
 
     @property
+    def state_bytes(self) -> int:
+        """Bytes of one optimizer state value: the stored weight's, fp32 under master weights."""
+        return 4 if self.master else self.weight_bytes
+
+    @property
     def low_precision_copy_bytes(self) -> int:
         """Bytes per weight of autocast's low-precision copy (0 without autocast). Under fp8 a Linear
         weight's copies are its float8 codes and their transpose: 2 bytes too."""
@@ -54,13 +63,15 @@ PRECISION_TABLE = (
     Precision("amp-fp16", autocast="fp16"),
     Precision("amp-bf16", autocast="bf16"),
     Precision("bf16", cast="bf16"),
+    Precision("bf16-master", cast="bf16", master=True),
     Precision("fp16", cast="fp16"),
     Precision("fp8", autocast="bf16", float8=True),
 )
 PRECISION_BY_NAME = {p.name: p for p in PRECISION_TABLE}
 PRECISIONS = tuple(PRECISION_BY_NAME)
-"""The --precision choices: fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast), bf16/fp16 (pure), fp8 (float8
-Linear layers, bf16 autocast elsewhere; GPUs with fp8 tensor cores only)."""
+"""The --precision choices: fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast), bf16/fp16 (pure), bf16-master (pure
+bf16 with fp32 master weights and optimizer state), fp8 (float8 Linear layers, bf16 autocast elsewhere; GPUs
+with fp8 tensor cores only)."""
 
 
 def precision_of(name: str) -> Precision:
@@ -123,6 +134,6 @@ master weights and optimizer state)."""
 DEFAULT_PRECISION = "fp32"
 """The precision when none is asked for, for other models."""
 
-BF16_BASE_PRECISIONS = ("amp-bf16", "amp-fp16", "bf16", "fp8")
+BF16_BASE_PRECISIONS = ("amp-bf16", "amp-fp16", "bf16", "bf16-master", "fp8")
 """Precisions that compute in 16 bits, where frozen bf16 weights can be used (the others compute in fp32)."""
 

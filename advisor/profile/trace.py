@@ -51,6 +51,7 @@ from advisor.profile.finite import FiniteActivations
 from advisor.profile.float8 import convert_to_float8
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
 from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
+from advisor.profile.master_weights import MasterWeights
 from advisor.profile.repeated import (
     MIN_SAVED_BY_A_RETRY,
     BlockClock,
@@ -991,7 +992,8 @@ def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None
                      tuple(records), values,
                      dict(recorder.data_dependent), _params_by_module(model), live_memory, checkpointed,
                      setup.accumulate_gradients, setup.construction, setup.attention, fused_calls,
-                     answered, type(opt).__name__, _total_params(model),
+                     answered, type(opt.inner if isinstance(opt, MasterWeights) else opt).__name__,
+                     _total_params(model),
                      adapted, tuple(run.describe() for run in runs), sum(len(run.held_out) for run in runs),
                      repeats)
 
@@ -1114,7 +1116,15 @@ def _build_on_fake(setup: _Setup) -> torch.nn.Module:
 
 
 def _optimizer(setup: _Setup, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The step's optimizer: make_optimizer's, or the model file's optimizer(params) run as CUDA would run
+    """The step's optimizer (_plain_optimizer), stepping fp32 masters of the parameters under a precision with
+    master weights (master_weights.MasterWeights)."""
+    if precision_of(setup.precision).master:
+        return MasterWeights(params, lambda masters: _plain_optimizer(setup, masters))
+    return _plain_optimizer(setup, params)
+
+
+def _plain_optimizer(setup: _Setup, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """make_optimizer's, or the model file's optimizer(params) run as CUDA would run
     it: param groups that leave `foreach` unset get the multi-tensor form, torch's default for CUDA
     tensors (on the trace's CPU tensors torch would pick the per-parameter loop)."""
     if setup.optimizer != FILE_OPTIMIZER:
