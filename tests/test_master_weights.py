@@ -80,6 +80,15 @@ def test_zero1_shards_the_masters_with_the_optimizer_state(capsys: pytest.Captur
     # shard); the bf16 weights stay whole on every rank
     assert by_strategy["zero1"]["optimizer"] < 0.2 * one["optimizer"]
     assert by_strategy["zero1"]["weights"] == pytest.approx(one["weights"], rel=0.05)
+    # Megatron's and DeepSpeed's gradient buffers are their buckets: no second copy of the gradients, where
+    # torch's DDP under amp-bf16 holds one (its reducer's buckets)
+    for strategy in ("ddp", "zero1"):
+        assert by_strategy[strategy]["gradients"] == pytest.approx(one["gradients"], rel=0.05)
+    assert main(["memory", "mlp", "--gpu", "h100-sxm", "--batch-size", "64", "--precision", "amp-bf16",
+                 "--num-gpus", "8", "--json"]) == 0
+    autocast = json.loads(capsys.readouterr().out)
+    ddp = next(r["memory"] for r in autocast["sharded"] if r["strategy"] == "ddp")
+    assert ddp["gradients"] == pytest.approx(2 * autocast["results"][0]["memory"]["gradients"], rel=0.05)
 
 
 def test_estimate_accepts_bf16_master_and_names_it(capsys: pytest.CaptureFixture[str]) -> None:

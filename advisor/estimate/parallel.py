@@ -84,6 +84,10 @@ class Sharding:
     """The step runs under autocast: fully_shard then gathers the parameters in autocast's dtype
     (MixedPrecisionPolicy(param_dtype=autocast's, reduce_dtype=float32), as torchtitan runs it), so
     autocast's weight copies vanish and the gathers carry low-precision bytes."""
+    bucket_view: bool = False
+    """The gradients are the data-parallel runtime's buckets (no copy into them): master-weight precisions
+    train under Megatron's or DeepSpeed's runtimes, whose contiguous gradient buffers are reduced in place
+    (torch DDP's gradient_as_bucket_view), where torch's DDP (by default) copies each gradient into a bucket."""
 
     @classmethod
     def of_trace(cls, trace: StepTrace) -> Sharding:
@@ -93,7 +97,7 @@ class Sharding:
         held = trace.memory.held_at_start("weights")
         parameters = min(float((trace.total_params or trace.params) * weight_bytes), float(held))
         return cls(fsdp_units(trace.params_by_module), parameters, float(trace.params * weight_bytes),
-                   max(held - parameters, 0.0), precision.autocast is not None)
+                   max(held - parameters, 0.0), precision.autocast is not None, precision.master)
 
     def tensor_parallel(self, kept: float) -> Sharding:
         """What one rank of a tensor-parallel group holds and sends to the data-parallel ranks: `kept` of the
@@ -453,7 +457,8 @@ def rank_trace(trace: StepTrace, layout: Layout, sharding: Sharding) -> StepTrac
     """`trace` with the live memory of one rank of `layout`."""
     assert trace.memory is not None, "the trace recorded no memory"
     return replace(trace, memory=per_rank_memory(trace.memory, layout, sharding.units,
-                                                 sharding.gathered_by(layout.strategy), sharding.mixed_precision))
+                                                 sharding.gathered_by(layout.strategy), sharding.mixed_precision,
+                                                 sharding.bucket_view))
 
 
 def step_collectives(layout: Layout, sharding: Sharding, micro_batches: int) -> list[Collective]:

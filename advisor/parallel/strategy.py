@@ -15,6 +15,11 @@ Strategies, as torch.distributed runs them:
 - "hsdp": fsdp inside each node, the node's shards replicated across nodes (gradients all-reduced between
   nodes).
 
+Under a master-weight precision (`bf16-master`: Megatron's and DeepSpeed's way), "ddp" and "zero1" are those
+runtimes' data parallelism: the gradients live in contiguous buffers that are reduced in place, so there is
+no bucket copy (per_rank_memory's `bucket_view`), and zero1's optimizer state includes the fp32 masters
+(Megatron's distributed optimizer, DeepSpeed's ZeRO-1).
+
 Under autocast, fully_shard runs with MixedPrecisionPolicy(param_dtype=autocast's dtype,
 reduce_dtype=float32), as torchtitan does: units are gathered in 16 bits and autocast's weight copies
 vanish (per_rank_memory's mixed_precision).
@@ -249,13 +254,15 @@ def _merged(found: Sequence[Collective]) -> list[Collective]:
 
 
 def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
-                    parameter_bytes: float | None = None, mixed_precision: bool = False) -> LiveMemory:
+                    parameter_bytes: float | None = None, mixed_precision: bool = False,
+                    bucket_view: bool = False) -> LiveMemory:
     """`memory` (one GPU's step) as each rank of `layout` lives it: its sharded categories split over
     the shard ranks, plus DDP's gradient buckets or FSDP's gathered units and unsharded gradients.
     `parameter_bytes`: what FSDP gathers, the parameters as gathered (None: every weight the model
     holds, buffers included). `mixed_precision`: the step runs under autocast, so fully_shard gathers
     the parameters in autocast's dtype (MixedPrecisionPolicy) and autocast's own weight copies vanish
-    (casting a bfloat16 parameter to bfloat16 returns it)."""
+    (casting a bfloat16 parameter to bfloat16 returns it). `bucket_view`: the gradients are DDP's buckets
+    (gradient_as_bucket_view; Megatron's and DeepSpeed's contiguous gradient buffers): no copy of them."""
     if layout.dp == 1:
         return memory
     strategy, shards = layout.strategy, layout.shards
@@ -271,7 +278,8 @@ def per_rank_memory(memory: LiveMemory, layout: Layout, units: Units,
     optimizer = memory.phase_starts.get("optimizer", memory.ticks)
     extra: list[StorageLife] = []
     if strategy not in FULLY_SHARDED:
-        extra.append(StorageLife(gradient_bytes, BEFORE_STEP, None, "gradients", "(DDP gradient buckets)"))
+        if not bucket_view:
+            extra.append(StorageLife(gradient_bytes, BEFORE_STEP, None, "gradients", "(DDP gradient buckets)"))
     else:
         total = max(units.total_params, 1)
         root = units.root_params / total
