@@ -214,21 +214,22 @@ FP8_LABELS = ("FP8", "MXFP8")
 """Precision labels that are float8 training (delayed, current, blockwise or MX scaling)."""
 
 
-def precision_of(label: str, bf16: str) -> str | None:
-    """Our precision for a published label: float8 -> fp8 (when the tool knows it), BF16 -> `bf16` (the
-    source's framework decides: "bf16" for a model cast to bf16, "amp-bf16" for fp32 master weights),
-    FP32 -> fp32, FP16 -> fp16 (pure); None for others."""
+def precision_of(label: str, bf16: str, fp8: str = "fp8") -> str | None:
+    """Our precision for a published label: float8 -> `fp8` (when the tool knows it; the source's framework
+    decides: "fp8" under autocast, "fp8-master" for bf16 weights with fp32 masters), BF16 -> `bf16` (the
+    source's framework decides: "bf16" for a model cast to bf16, "amp-bf16" under autocast, "bf16-master"
+    for fp32 master weights in the optimizer), FP32 -> fp32, FP16 -> fp16 (pure); None for others."""
     if label.startswith(FP8_LABELS):
-        return "fp8" if "fp8" in PRECISIONS else None
+        return fp8 if fp8 in PRECISIONS else None
     for prefix, ours in (("BF16", bf16), ("FP32", "fp32"), ("FP16", "fp16")):
         if label.startswith(prefix):
             return ours
     return None
 
 
-def precision_or_reason(row: dict[str, str], bf16: str) -> str:
+def precision_or_reason(row: dict[str, str], bf16: str, fp8: str = "fp8") -> str:
     """precision_of the row, or the reason it is skipped ("fp8 not known", "precision ...")."""
-    ours = precision_of(row["precision"], bf16)
+    ours = precision_of(row["precision"], bf16, fp8)
     if ours is not None:
         return ours
     return "fp8 not known" if row["precision"].startswith(FP8_LABELS) else f"precision {row['precision']}"
@@ -253,8 +254,10 @@ Adam kernels: the nearest the tool expresses is --compile."""
 MEGATRON_BF16 = "bf16-master"
 """NeMo and Megatron train "bf16-mixed" as Megatron-Core's --bf16: the model in bf16 (weights, activations,
 gradients), fp32 main weights and Adam state in the (distributed) optimizer: our bf16-master (until
-2026-11-27 these rows ran as amp-bf16, which keeps fp32 weights whole on every rank and autocasts; fp8
-rows still do: the tool's fp8 is float8 Linear layers under bf16 autocast)."""
+2026-11-27 these rows ran as amp-bf16, which keeps fp32 weights whole on every rank and autocasts)."""
+MEGATRON_FP8 = "fp8-master"
+"""Megatron's fp8 (TransformerEngine's fp8 GEMMs) on the same bf16 model and fp32 masters: our fp8-master
+(until 2026-11-27: fp8, float8 Linear layers under bf16 autocast over fp32 weights)."""
 
 
 def megatron(row: dict[str, str], lora: tuple[int, tuple[str, ...]] | None, micro: int | None = None,
@@ -263,7 +266,7 @@ def megatron(row: dict[str, str], lora: tuple[int, tuple[str, ...]] | None, micr
     Megatron's distributed optimizer (ZeRO-1: zero1) or, where the notes give FSDP > 0, Megatron FSDP (fsdp);
     no activation recomputation (the recipes of these 7B-13B models at TP=1 keep activations: assumption);
     LoRA `lora` = (rank, targets) for LoRA rows."""
-    precision = precision_or_reason(row, MEGATRON_BF16)
+    precision = precision_or_reason(row, MEGATRON_BF16, MEGATRON_FP8)
     if precision not in PRECISIONS:
         return precision
     notes, gpus = row["notes"], int(row["num_gpus"])

@@ -125,10 +125,31 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def test_a_gpu_without_fp8_tensor_cores_is_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "estimate", "mlp", "--gpu", "a100-sxm4-80gb", "--precision", "fp8")
+@pytest.mark.parametrize("precision", ["fp8", "fp8-master"])
+def test_a_gpu_without_fp8_tensor_cores_is_one_sentence(capsys: pytest.CaptureFixture[str], precision: str) -> None:
+    code, out, err = run(capsys, "estimate", "mlp", "--gpu", "a100-sxm4-80gb", "--precision", precision)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "a100-sxm4-80gb has no fp8 tensor cores" in err and "h100" in err
+
+
+def test_fp8_master_runs_the_float8_layers_in_a_bf16_model_with_fp32_masters() -> None:
+    # the same fp8 GEMMs as fp8; the weights bf16 (2 B) rather than fp32 (4 B), the masters in the optimizer
+    from advisor.memory.estimate import StepMemory
+
+    def build() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.ReLU(),
+                                   torch.nn.Linear(128, 64, bias=False))
+
+    traces = {p: trace_training_step(build, lambda b: torch.randn(b, 64), 16, p, "sgd") for p in ("fp8", "fp8-master")}
+    gemms = {p: sorted(r.flops for r in t.records if r.op == "_scaled_mm") for p, t in traces.items()}
+    # 2 forward, 2 weight-gradient and 1 input-gradient GEMMs (the first layer's input needs none), each
+    # 16x64 @ 64x128 or alike: 2 * 16 * 128 * 64 = 262,144 FLOPs
+    assert gemms["fp8"] == gemms["fp8-master"] == [262_144.0] * 5
+    memory = {p: StepMemory.of_trace(t).by_category for p, t in traces.items()}
+    # 2 x 64x128 = 16,384 weights: fp32 65,536 B under fp8, bf16 32,768 B under fp8-master; SGD keeps the
+    # master and its gradient: 8 B each = 131,072 B of optimizer state
+    assert memory["fp8"]["weights"] == 16_384 * 4 and memory["fp8-master"]["weights"] == 16_384 * 2
+    assert memory["fp8-master"]["optimizer_state"] == 16_384 * 8
 
 
 def test_without_gpus_named_fp8_estimates_only_gpus_that_have_it(capsys: pytest.CaptureFixture[str]) -> None:

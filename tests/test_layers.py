@@ -146,12 +146,12 @@ def test_one_precision_value_answers_every_question() -> None:
     from advisor.memory.estimate import parameter_formula_bytes
     from advisor.profile.choices import PRECISIONS, precision_of
 
-    assert PRECISIONS == ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "bf16-master", "fp16", "fp8")
-    assert [p for p in PRECISIONS if precision_of(p).float8] == ["fp8"]
+    assert PRECISIONS == ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "bf16-master", "fp16", "fp8", "fp8-master")
+    assert [p for p in PRECISIONS if precision_of(p).float8] == ["fp8", "fp8-master"]
     assert precision_of("fp8").matmul_dtype == "fp8" and precision_of("fp8").autocast == "bf16"
     assert [p for p in PRECISIONS if precision_of(p).grad_scaler] == ["amp-fp16"]
-    assert [p for p in PRECISIONS if precision_of(p).cast] == ["bf16", "bf16-master", "fp16"]
-    assert [p for p in PRECISIONS if precision_of(p).master] == ["bf16-master"]
+    assert [p for p in PRECISIONS if precision_of(p).cast] == ["bf16", "bf16-master", "fp16", "fp8-master"]
+    assert [p for p in PRECISIONS if precision_of(p).master] == ["bf16-master", "fp8-master"]
     # Adam, per parameter: fp32 4 + 4 + 2 x 4 = 16 B; amp adds a 2-byte copy: 18 B; pure bf16 2 + 2 + 2 x 2 = 8 B;
     # bf16-master 2 + 2 + 4 (master) + 4 (its gradient) + 2 x 4 = 20 B
     assert [parameter_formula_bytes(1, p, "adamw") for p in ("fp32", "amp-bf16", "bf16", "bf16-master")] == \

@@ -86,9 +86,9 @@ def test_fp8_rows_wait_for_the_precision(monkeypatch: pytest.MonkeyPatch) -> Non
               notes="GBS=128; MBS=2; FSDP=0; TP=1 PP=1 CP=1 EP=1; GA=8")
     monkeypatch.setattr(newer_rows, "PRECISIONS", ("fp32", "bf16"))
     assert run_of(fp8) == "fp8 not known"
-    monkeypatch.setattr(newer_rows, "PRECISIONS", ("fp32", "bf16", "fp8"))
-    run = run_of(fp8)
-    assert isinstance(run, PlanRun) and (run.precision, run.batch, run.micro_batch) == ("fp8", 16, 2)
+    monkeypatch.setattr(newer_rows, "PRECISIONS", ("fp32", "bf16", "fp8", "fp8-master"))
+    run = run_of(fp8)  # Megatron's fp8: bf16 weights with fp32 masters
+    assert isinstance(run, PlanRun) and (run.precision, run.batch, run.micro_batch) == ("fp8-master", 16, 2)
 
 
 def test_timm_benchmark_rows() -> None:

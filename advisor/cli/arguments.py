@@ -164,7 +164,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "gradients, fp32 master weights, their gradients and optimizer state, as Megatron's "
                              "--bf16 and DeepSpeed's bf16 train; ZeRO-1 shards the masters), fp8 (Linear layers in float8 as "
                              "TransformerEngine and torchao run them, the rest as amp-bf16; GPUs with fp8 tensor "
-                             f"cores: Ada, Hopper, Blackwell); default {LANGUAGE_MODEL_PRECISION} for a "
+                             f"cores: Ada, Hopper, Blackwell), fp8-master (the same float8 Linear layers in a "
+                             f"bf16-master model, as Megatron trains in fp8); default {LANGUAGE_MODEL_PRECISION} for a "
                              f"language model (one with a sequence length: SEQ_LEN, hf:), else {DEFAULT_PRECISION}")
     parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES,
                         help=f"'{FILE_OPTIMIZER}': what the model file's optimizer(params) builds; default: that "

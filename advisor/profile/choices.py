@@ -66,12 +66,13 @@ PRECISION_TABLE = (
     Precision("bf16-master", cast="bf16", master=True),
     Precision("fp16", cast="fp16"),
     Precision("fp8", autocast="bf16", float8=True),
+    Precision("fp8-master", cast="bf16", float8=True, master=True),
 )
 PRECISION_BY_NAME = {p.name: p for p in PRECISION_TABLE}
 PRECISIONS = tuple(PRECISION_BY_NAME)
 """The --precision choices: fp32 (strict), tf32, amp-fp16/amp-bf16 (autocast), bf16/fp16 (pure), bf16-master (pure
 bf16 with fp32 master weights and optimizer state), fp8 (float8 Linear layers, bf16 autocast elsewhere; GPUs
-with fp8 tensor cores only)."""
+with fp8 tensor cores only), fp8-master (float8 Linear layers in a bf16-master model: Megatron's fp8)."""
 
 
 def precision_of(name: str) -> Precision:
@@ -134,6 +135,6 @@ master weights and optimizer state)."""
 DEFAULT_PRECISION = "fp32"
 """The precision when none is asked for, for other models."""
 
-BF16_BASE_PRECISIONS = ("amp-bf16", "amp-fp16", "bf16", "bf16-master", "fp8")
+BF16_BASE_PRECISIONS = ("amp-bf16", "amp-fp16", "bf16", "bf16-master", "fp8", "fp8-master")
 """Precisions that compute in 16 bits, where frozen bf16 weights can be used (the others compute in fp32)."""
 
