@@ -9,11 +9,11 @@ state, which is where this differs in memory from autocast (fp32 weights on ever
 for the forward) and from pure bf16 (no master, bf16 state). The fp32 gradients are kept between steps, as
 DeepSpeed's bf16 optimizer keeps its fp32 gradient accumulation buffers (Megatron with
 --accumulate-allreduce-grads-in-fp32 keeps a full one; without it, fp32 copies of its shard during the
-step): 20 bytes per Adam-trained parameter, 4 + 12 of them optimizer state.
+step): 20 bytes per Adam-trained parameter, 16 of them (master, its gradient, two moments) optimizer state.
 
 MasterWeights is that optimizer, wrapping any torch optimizer: its state, per model parameter, is the
-master and the wrapped optimizer's state of the master, so the tracer labels and shards it as optimizer
-state, and repeats it per held-out block, as it does any optimizer's.
+master, its fp32 gradient and the wrapped optimizer's state of the master, so the tracer labels and shards
+it as optimizer state, and repeats it per held-out block, as it does any optimizer's.
 """
 
 from __future__ import annotations
