@@ -657,10 +657,10 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
                     progress: Progress, trace: StepTrace | None, second: StepTrace | None,
                     pipeline: PipelineProfile | None) -> Estimate:
     memory_settings = settings.memory
-    pending = SecondTrace.ready(second) if trace is not None and second is not None else None
-    if pending is None:
+    if trace is not None and second is not None:
+        pending = SecondTrace.ready(second)
+    else:
         trace, pending = trace_pair(model, memory_settings, trace, progress)
-    assert trace is not None
     try:  # what needs only the first trace, while a child may still trace the second
         lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # for every GPU
         singles = {target.id: step_time(trace, settings, target, lowered) for target in targets

@@ -45,9 +45,6 @@ class _MasterState(Mapping):
     def __len__(self) -> int:
         return len(self._owner.model_params)
 
-    def __contains__(self, param: object) -> bool:
-        return isinstance(param, torch.Tensor) and self._owner.has_master(param)
-
 
 class MasterWeights(torch.optim.Optimizer):
     """`make_inner(masters)`'s optimizer stepping fp32 masters of `params` (low-precision parameters): each
@@ -74,10 +71,9 @@ class MasterWeights(torch.optim.Optimizer):
         """torch.optim.Optimizer.__init__ sets an empty state: this one is the masters' (above)."""
 
     def index_of(self, param: torch.Tensor) -> int:
+        """`param`'s position among the model parameters; KeyError for a tensor it does not step (which
+        makes `param in state` and `state.get` work as for a dict)."""
         return self._index[id(param)]
-
-    def has_master(self, param: torch.Tensor) -> bool:
-        return id(param) in self._index
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
