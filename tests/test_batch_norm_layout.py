@@ -104,6 +104,7 @@ def test_the_trace_records_each_batch_norm_channels_and_layout() -> None:
 
         trace = trace_training_step(built, make_input, 4, "fp32", "sgd")
         norms = {r.op: r.norm for r in trace.records if r.norm is not None}
-        # x [4, 16, 8, 8]: 4 x 16 x 64 = 4,096 elements in 16 channels, forward and backward alike
+        # x [4, 16, 8, 8]: 4 x 16 x 64 = 4,096 elements in 16 channels, forward and backward alike, both
+        # normalising by the batch's statistics (training)
         assert set(norms) == {"native_batch_norm", "native_batch_norm_backward"}
-        assert set(norms.values()) == {NormGeometry(16, 4096, channels_last)}
+        assert set(norms.values()) == {NormGeometry(16, 4096, channels_last, (4, 16, 8, 8), True)}

@@ -95,7 +95,54 @@ def test_measured_times_replace_the_curves_for_those_calls_only(tmp_path: Path, 
     local = EstimateTarget("local-cpu", "this CPU", device, 0, overhead, local=True, note="quick calibration")
     measured = with_measured_shapes(local, trace.records, "fp32", lambda message: None)
     assert set(measured.device.measured_s) == {shape_key(r.op, r.dtypes, r.conv) for r in convolutions}
-    assert measured.note == "quick calibration; 4 of 4 convolution shapes timed on this CPU " \
+    assert measured.note == "quick calibration; 4 of 4 convolution and batch-norm shapes timed on this CPU " \
                             f"(4 now, {measured.note.split('now, ')[1].split(' s)')[0]} s)"
     gpu = EstimateTarget("h100", "H100", DeviceModel("h100", "gpu", profile), 0, overhead)
     assert with_measured_shapes(gpu, trace.records, "fp32", lambda message: None) is gpu
+
+
+class NormNet(torch.nn.Module):
+    """A convolution, a batch norm in training and one frozen in eval mode (running statistics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.frozen = torch.nn.BatchNorm2d(8).eval()
+        self.head = torch.nn.Linear(8, 4)
+
+    def train(self, mode: bool = True) -> NormNet:
+        super().train(mode)
+        self.frozen.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.frozen(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_batch_norms_in_training_are_keyed_by_their_input_sizes_and_timed_like_convolutions(tmp_path: Path) -> None:
+    trace = trace_training_step(NormNet, lambda batch: torch.randn(batch, 3, 16, 16), 2, "fp32", "sgd")
+    norms = [r for r in trace.records if r.norm is not None]
+    keys = {shapes.call_key(r.op, r.dtypes, r.conv, r.norm) for r in norms}
+    # the trained norm over [2, 8, 16, 16], forward and backward; the frozen one (running statistics) has
+    # no key: it is left to the calibrated curve
+    assert keys == {("native_batch_norm", "float32", (2, 8, 16, 16), False),
+                    ("native_batch_norm_backward", "float32", (2, 8, 16, 16), False), None}
+    assert not any(shapes.is_depthwise(key) for key in keys if key is not None)
+    wanted = {key: 1e-5 for key in keys if key is not None}
+    # operands rotate through copies: 4,096 fp32 elements (16 KiB) in 8 copies for 128 KiB
+    call = shapes._call(("native_batch_norm_backward", "float32", (2, 8, 16, 16), False), 2 * 8 * 4096 * 4.0)
+    grad_input, grad_weight, grad_bias = call()
+    assert grad_input.shape == (2, 8, 16, 16) and grad_weight.shape == grad_bias.shape == (8,)
+    measured = measure_shapes(wanted.items(), "2026-11-28T00:00:00", path=tmp_path / "shapes.json")
+    assert measured.measured_now == 2 and all(0 < s < 0.5 for s in measured.seconds.values())
+
+
+def test_a_measured_batch_norm_replaces_its_curve(tmp_path: Path) -> None:
+    trace = trace_training_step(NormNet, lambda batch: torch.randn(batch, 3, 16, 16), 2, "fp32", "sgd")
+    profile = dataclasses.replace(synthetic_profile(dispatch_s=0.0), status="measured")
+    device = DeviceModel("local-cpu", "cpu", profile)
+    backward = next(r for r in trace.records if r.op == "native_batch_norm_backward" and r.norm.training)
+    key = shapes.call_key(backward.op, backward.dtypes, backward.conv, backward.norm)
+    after = estimate_records(trace.records, "fp32", dataclasses.replace(device, measured_s={key: 2e-3}))
+    assert after.ops[trace.records.index(backward)].kernel_s == pytest.approx(2e-3)

@@ -32,7 +32,7 @@ from typing import Any
 
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.runner import roofline, roofline_work
-from advisor.calibration.shapes import shape_key
+from advisor.calibration.shapes import call_key
 from advisor.calibration.suite import TORCH_DTYPES
 from advisor.estimate.fusion import compiled_records, fusible
 from advisor.estimate.lowering import cuda_records
@@ -96,8 +96,8 @@ class DeviceModel:
     """Time the step as if its tensors were channels-last: no op pays for channels-first layouts
     (OpTime.layout_s), what the channels-last tip compares against."""
     measured_s: Mapping[tuple, float] | None = field(default=None, compare=False, hash=False)
-    """Seconds of one call of ops timed on this device at their exact shapes (a local CPU's convolutions:
-    calibration/shapes.py), by shapes.shape_key; they replace the calibrated curves for those calls."""
+    """Seconds of one call of ops timed on this device at their exact shapes (a local CPU's convolutions and
+    batch norms: calibration/shapes.py), by shapes.call_key; they replace the calibrated curves for those calls."""
 
     def __post_init__(self) -> None:
         assert self.kind in ("gpu", "cpu"), self.kind
@@ -321,9 +321,9 @@ class _OpTimer:
 
     def _measured_seconds(self, record: OpRecord) -> float | None:
         """The op's time measured on this device at its exact shapes (DeviceModel.measured_s), if it was."""
-        if not self.device.measured_s or record.conv is None:
+        if not self.device.measured_s or (record.conv is None and record.norm is None):
             return None
-        key = shape_key(record.op, record.dtypes, record.conv)
+        key = call_key(record.op, record.dtypes, record.conv, record.norm)
         return None if key is None else self.device.measured_s.get(key)
 
     def _fused_attention_seconds(self, record: OpRecord, kind: OpClass) -> float:

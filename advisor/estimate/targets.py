@@ -14,7 +14,7 @@ from advisor.calibration.reference import Family, reference_profile
 from advisor.calibration.runner import Target as CalibrationTarget
 from advisor.calibration.runner import calibrate, cpu_target, cuda_target
 from advisor.calibration.suite import Suite, load_suite
-from advisor.calibration.shapes import measure_shapes, shape_key
+from advisor.calibration.shapes import call_key, measure_shapes
 from advisor.estimate.step import DeviceModel, kernel_seconds
 from advisor.hardware.specs import GPUSpec, HardwareDB, MemoryOverhead
 from advisor.probe.cpu import probe_cpu
@@ -177,24 +177,22 @@ def _local_gpu_profile(target: CalibrationTarget, spec: GPUSpec | None, families
 
 def with_measured_shapes(target: EstimateTarget, records: Sequence[OpRecord], precision: str,
                          progress: Progress) -> EstimateTarget:
-    """A local CPU target whose model times the step's convolutions as measured at their exact shapes
-    (calibration/shapes.py: stored ones reused, the rest timed now within a budget); other targets as they
-    are. Its note says how many shapes were timed."""
+    """A local CPU target whose model times the step's convolutions and batch norms as measured at their
+    exact shapes (calibration/shapes.py: stored ones reused, the rest timed now within a budget); other
+    targets as they are. Its note says how many shapes were timed."""
     device = target.device
     if device.kind != "cpu" or device.profile.status != "measured" or not target.local:
         return target
-    convolutions = [r for r in records if r.conv is not None]
-    if not convolutions:
+    shaped = [r for r in records if call_key(r.op, r.dtypes, r.conv, r.norm) is not None]
+    if not shaped:
         return target
     wanted: dict[tuple, float] = {}
-    for record, seconds in zip(convolutions, kernel_seconds(convolutions, precision, device), strict=True):
-        key = shape_key(record.op, record.dtypes, record.conv)
-        if key is not None:
-            wanted[key] = max(seconds, wanted.get(key, 0.0))
-    if not wanted:
-        return target
+    for record, seconds in zip(shaped, kernel_seconds(shaped, precision, device), strict=True):
+        key = call_key(record.op, record.dtypes, record.conv, record.norm)
+        assert key is not None
+        wanted[key] = max(seconds, wanted.get(key, 0.0))
     measured = measure_shapes(wanted.items(), device.profile.created, progress)
-    timed = f"{len(measured.seconds)} of {len(wanted)} convolution shapes timed on this CPU"
+    timed = f"{len(measured.seconds)} of {len(wanted)} convolution and batch-norm shapes timed on this CPU"
     if measured.measured_now:
         timed += f" ({measured.measured_now} now, {measured.measuring_s:.1f} s)"
     if measured.left_out:

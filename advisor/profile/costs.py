@@ -61,6 +61,10 @@ class NormGeometry:
     """Of the input (N x C x spatial)."""
     channels_last: bool
     """The input's channels are its innermost dimension (NHWC), or its layout is the same either way."""
+    shape: tuple[int, ...] = ()
+    """The input's sizes (N, C, *spatial): what a CPU's batch norm kernels cost at (calibration/shapes.py)."""
+    training: bool | None = None
+    """Statistics of the batch (True) or the running ones (False); None: not known from the call."""
 
 
 @dataclass(frozen=True)
@@ -314,15 +318,17 @@ for _packet in _ops("convolution", "_convolution", "cudnn_convolution", "mkldnn_
 CONV_GEOMETRIES[aten.convolution_backward] = _backward_geometry
 
 
-def norm_geometry(x: torch.Tensor) -> NormGeometry:
-    """The geometry of a batch norm over x [N, C, *spatial]."""
-    return NormGeometry(int(x.shape[1]) if x.dim() > 1 else 1, x.numel(), _channels_last(x))
+def norm_geometry(x: torch.Tensor, training: object = None) -> NormGeometry:
+    """The geometry of a batch norm over x [N, C, *spatial]; `training`: the call's flag, if it has one."""
+    return NormGeometry(int(x.shape[1]) if x.dim() > 1 else 1, x.numel(), _channels_last(x),
+                        tuple(int(size) for size in x.shape), training if isinstance(training, bool) else None)
 
 
 NORM_GEOMETRIES: dict[Any, Callable[[tuple, dict, Any], NormGeometry]] = {
-    **{packet: (lambda args, named, out: norm_geometry(args[0]))
+    **{packet: (lambda args, named, out: norm_geometry(args[0], named.get("training")))
        for packet in _ops("native_batch_norm", "_native_batch_norm_legit")},
-    aten.native_batch_norm_backward: lambda args, named, out: norm_geometry(args[1]),  # (grad_out, input, ...)
+    # (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+    aten.native_batch_norm_backward: lambda args, named, out: norm_geometry(args[1], named.get("train")),
 }
 """aten OpOverloadPacket of a batch norm -> the geometry of its input."""
 
