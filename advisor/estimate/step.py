@@ -426,6 +426,18 @@ CONV_STEP_HOST_RATIO = 7.4
 every call): 107 us per op on that host, 7.4 x its autograd overhead."""
 
 
+CPU_STEP_HOST_RATIO = 15.0
+"""Host time per traced op of the forward and backward of a real eager training step on a CPU, over the
+calibrated `autograd` overhead: the op's own dispatch and autograd recording (inside the op, what the
+calibration's loop times) and what runs between ops, which the profiler puts outside any op (module
+calls, the model's Python, the autograd engine running each backward node). Measured with torch.profiler
+on the examples (issue #20; benchmarks/op_breakdown.py's measure; 2-core EPYC VM, torch 2.14, 2026-11-28):
+outside any op 27.5-61.4 us per traced op of the forward and backward (MLP 38.5, ResNet-50 48.4,
+MobileNetV2 27.5, ViT-B/16 60.3, BERT-base 61.4; median 48.4) where the calibrated autograd overhead was
+3.5 us: (3.5 + 48.4) / 3.5 = 14.8. Held-out models measured the same way: 31-67 us (ResNet-18,
+MobileNetV3-small, ConvNeXt-atto, BERT-mini, ViT-tiny). The GPU's figure is STEP_HOST_RATIO."""
+
+
 def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = False, compiled: bool = False) -> float:
     """Host time to issue one op: autograd recording in forward and backward, plain dispatch in the
     optimizer (which runs under no_grad) and for every kernel of a `compiled` step (its graphs record
@@ -433,7 +445,8 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
     tensor of its list (no fused CPU kernel): each tensor after the first costs the calibrated
     `foreach` overhead (issue #20: 100 one-element tensors took 136 us in `_foreach_mul_` here, 1.36 us
     each, where one `mul_` took 1.8 us; profiles without it count a dispatch). A GPU's
-    multi_tensor_apply fuses the list into a few launches. On a GPU an eager step's op costs the host
+    multi_tensor_apply fuses the list into a few launches. On a CPU an op of the forward and backward costs
+    CPU_STEP_HOST_RATIO times the autograd overhead. On a GPU an eager step's op costs the host
     STEP_HOST_RATIO (cuDNN's: CONV_STEP_HOST_RATIO) times the calibrated autograd overhead, whatever its
     phase, but for an optimizer's op on one tensor: an optimizer that loops over its parameters in Python
     (DeepLearningExamples' BertAdam, a model file's own) issues plain ops under no_grad one after the
@@ -446,6 +459,8 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
         return base * (CONV_STEP_HOST_RATIO if record.op in CUDNN_OPS else STEP_HOST_RATIO)
     key = "dispatch" if record.phase == "optimizer" or compiled else "autograd"
     per_op = overheads.get(key, overheads.get("dispatch", 0.0))
+    if cpu and key == "autograd":
+        per_op *= CPU_STEP_HOST_RATIO
     if not cpu or record.tensors <= 1:
         return per_op
     return per_op + (record.tensors - 1) * overheads.get("foreach", overheads.get("dispatch", 0.0))
