@@ -59,6 +59,8 @@ BATCH_NORM_OPS = ("native_batch_norm", "_native_batch_norm_legit", "native_batch
 COLD_OVER_CACHE = 2.0
 """A call's operands rotate through copies filling this many times the last-level cache."""
 MAX_COPIES = 64
+"""At most this many copies of a call's operands: a call small enough to need more stays in the caches in
+a step too."""
 
 ShapeKey = tuple[Any, ...]
 

@@ -321,7 +321,7 @@ class _OpTimer:
 
     def _measured_seconds(self, record: OpRecord) -> float | None:
         """The op's time measured on this device at its exact shapes (DeviceModel.measured_s), if it was."""
-        if not self.device.measured_s or (record.conv is None and record.norm is None):
+        if not self.device.measured_s:
             return None
         key = call_key(record.op, record.dtypes, record.conv, record.norm)
         return None if key is None else self.device.measured_s.get(key)
