@@ -170,15 +170,18 @@ def _norm_call(key: ShapeKey) -> Callable[[], object]:
                                                              True, 1e-5, [True, True, True])
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(torch.Size(shape).numel())
+
+
 def operand_bytes(key: ShapeKey) -> int:
     """Bytes of the tensors one call reads (its outputs are new): input and weight, and for a backward the
     output's gradient; a batch norm's input, and in backward its gradient."""
     element = _torch_dtype(key[1]).itemsize
-    numel = lambda shape: int(torch.Size(shape).numel())  # noqa: E731
     backward = key[0].endswith("_backward")
     if is_norm(key):
-        return element * numel(key[2]) * (2 if backward else 1)
-    return element * (numel(key[2]) + numel(key[3]) + (numel(_output_shape(key)) if backward else 0))
+        return element * _numel(key[2]) * (2 if backward else 1)
+    return element * (_numel(key[2]) + _numel(key[3]) + (_numel(_output_shape(key)) if backward else 0))
 
 
 def tensor_bytes(key: ShapeKey) -> int:
@@ -186,10 +189,9 @@ def tensor_bytes(key: ShapeKey) -> int:
     norm's input, output and their gradients, without its cold copies)."""
     element = _torch_dtype(key[1]).itemsize
     if is_norm(key):
-        return 4 * element * int(torch.Size(key[2]).numel())
+        return 4 * element * _numel(key[2])
     x, w = key[2], key[3]
-    numel = lambda shape: int(torch.Size(shape).numel())  # noqa: E731
-    return 3 * element * (numel(x) + numel(w)) + 2 * element * numel(x)
+    return 3 * element * (_numel(x) + _numel(w)) + 2 * element * _numel(x)
 
 
 def time_call(call: Callable[[], object], calls: int = TIMED_CALLS) -> float:

@@ -183,13 +183,11 @@ def with_measured_shapes(target: EstimateTarget, records: Sequence[OpRecord], pr
     device = target.device
     if device.kind != "cpu" or device.profile.status != "measured" or not target.local:
         return target
-    shaped = [r for r in records if call_key(r.op, r.dtypes, r.conv, r.norm) is not None]
-    if not shaped:
+    keyed = [(key, r) for r in records if (key := call_key(r.op, r.dtypes, r.conv, r.norm)) is not None]
+    if not keyed:
         return target
     wanted: dict[tuple, float] = {}
-    for record, seconds in zip(shaped, kernel_seconds(shaped, precision, device), strict=True):
-        key = call_key(record.op, record.dtypes, record.conv, record.norm)
-        assert key is not None
+    for (key, _), seconds in zip(keyed, kernel_seconds([r for _, r in keyed], precision, device), strict=True):
         wanted[key] = max(seconds, wanted.get(key, 0.0))
     measured = measure_shapes(wanted.items(), device.profile.created, progress)
     timed = f"{len(measured.seconds)} of {len(wanted)} convolution and batch-norm shapes timed on this CPU"

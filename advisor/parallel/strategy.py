@@ -15,7 +15,7 @@ Strategies, as torch.distributed runs them:
 - "hsdp": fsdp inside each node, the node's shards replicated across nodes (gradients all-reduced between
   nodes).
 
-Under a master-weight precision (`bf16-master`: Megatron's and DeepSpeed's way), "ddp" and "zero1" are those
+Under a master-weight precision (`bf16-master`, `fp8-master`: Megatron's and DeepSpeed's way), "ddp" and "zero1" are those
 runtimes' data parallelism: the gradients live in contiguous buffers that are reduced in place, so there is
 no bucket copy (per_rank_memory's `bucket_view`), and zero1's optimizer state includes the fp32 masters
 (Megatron's distributed optimizer, DeepSpeed's ZeRO-1).
