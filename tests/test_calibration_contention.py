@@ -16,6 +16,7 @@ from advisor.calibration import runner as runner_module
 from advisor.calibration.cache import profile_path
 from advisor.calibration.contention import (
     MAX_ATTEMPTS,
+    MAX_REFERENCE_SLOWDOWN,
     REFERENCE_MAX_CALLS,
     REFERENCE_MIN_CALLS,
     CPUSnapshot,
@@ -24,6 +25,7 @@ from advisor.calibration.contention import (
     contention_between,
     disturbance,
     read_proc_stat,
+    reference_baseline,
 )
 from advisor.calibration.profile import CalibrationProfile, Contention
 from advisor.calibration.quality import gate
@@ -164,15 +166,27 @@ def test_light_background_work_is_not_contention(suite: Suite, monkeypatch) -> N
 
 
 def test_the_reference_kernel_is_the_best_of_enough_calls_to_ride_out_a_burst() -> None:
-    # a 0.2 ms kernel whose first 6 timed calls each caught a wake-up or a burst (0.3 ms): best of 3
-    # would read 1.5x its real time; it is timed until 4 ms of calls: 6 x 0.3 + 11 x 0.2 = 4.0 ms, 17 calls
-    seconds = iter([1e-3] + [3e-4] * 6 + [2e-4] * 100)  # the first: the untimed warm-up call
+    # a 0.2 ms kernel whose first 6 timed calls each caught a wake-up or a burst (0.35 ms): best of 3
+    # would read 1.75x its real time; it is timed until 20 ms of calls: 6 x 0.35 + 89 x 0.2 = 19.9 ms, one
+    # more makes 20.1 ms: 6 + 90 = 96 calls
+    seconds = iter([1e-3] + [3.5e-4] * 6 + [2e-4] * 200)  # the first: the untimed warm-up call
     calls = []
     kernel = ReferenceKernel(lambda: None, lambda call: calls.append(call) or next(seconds))
     assert kernel.seconds() == pytest.approx(2e-4)
-    assert len(calls) == 1 + 17
+    assert len(calls) == 1 + 96
     # a GPU-fast kernel (10 us) stops at REFERENCE_MAX_CALLS; a slow one (10 ms) at REFERENCE_MIN_CALLS
     assert len(_calls_to_time(1e-5)) == REFERENCE_MAX_CALLS and len(_calls_to_time(1e-2)) == REFERENCE_MIN_CALLS
+
+
+def test_the_run_baseline_is_the_lower_quartile_of_the_reference_times_not_the_fastest() -> None:
+    # 9 series: sorted index (9 - 1) // 4 = 2, the third fastest: 1.0 ms; one lucky 0.6 ms reading does not
+    # make the run's typical 1.0-1.1 ms readings look 1.7-1.8x slowed down
+    times = [1.1e-3, 0.6e-3, 1.0e-3, 1.05e-3, 0.95e-3, 1.1e-3, 1.0e-3, 2.0e-3, 1.08e-3]
+    assert reference_baseline(times) == pytest.approx(1.0e-3)
+    # a series at 2.0 ms is still 2.0 / 1.0 = 2x: slowed down
+    assert 2.0e-3 / reference_baseline(times) > MAX_REFERENCE_SLOWDOWN
+    # up to 4 series: index (4 - 1) // 4 = 0, the fastest
+    assert reference_baseline([3.0, 1.0, 2.0, 4.0]) == 1.0
 
 
 def _calls_to_time(call_s: float) -> list[float]:

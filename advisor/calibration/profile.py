@@ -111,8 +111,8 @@ class Contention:
     steal_cores: float | None
     """CPU time the hypervisor gave other guests (steal), likewise."""
     reference_slowdown: float | None = None
-    """The reference kernel's time before this series over its best time in the run (1.0: as fast as
-    the host ever was)."""
+    """The reference kernel's time around this series (the faster of before and after) over the run's
+    baseline, the lower quartile of its series' reference times (1.0: as fast as the run typically was)."""
     attempts: int = 1
     """How many times the series was measured: a disturbed one is measured again later in the run."""
 

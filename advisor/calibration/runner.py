@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from advisor.calibration.contention import (MAX_ATTEMPTS, ReferenceKernel, allowed_for, contention_between,
+                                            reference_baseline,
                                             cpu_snapshot, disturbance)
 from advisor.calibration.curves import fit_curve
 from advisor.calibration.packing import fit_gemm
@@ -242,8 +243,14 @@ def cold_bytes(target: Target) -> float:
     return COLD_OVER_CACHE * target.cache_bytes if target.cache_bytes else 0.0
 
 
-def _disturbed(run: _SeriesRun, best_reference_s: float, allowed: float | None) -> str | None:
-    slowdown = None if run.reference_s is None or best_reference_s <= 0 else run.reference_s / best_reference_s
+def _baseline_reference_s(runs: dict[str, _SeriesRun]) -> float | None:
+    """reference_baseline() of the series' reference times (None when none was timed)."""
+    times = [run.reference_s for run in runs.values() if run.reference_s is not None]
+    return reference_baseline(times) if times else None
+
+
+def _disturbed(run: _SeriesRun, baseline_s: float | None, allowed: float | None) -> str | None:
+    slowdown = None if run.reference_s is None or not baseline_s else run.reference_s / baseline_s
     return disturbance(replace(run.contention, reference_slowdown=slowdown), allowed)
 
 
@@ -260,7 +267,8 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
     MAX_ATTEMPTS in all, each series that other programs, steal or a slowed-down reference kernel
     disturbed (interleaved with the rest of the run, so a burst of load hits one attempt, not all).
     Returns the fastest sample of each case, the cases skipped with the reason, and per series the
-    contention of its least disturbed attempt (its reference slowdown against the run's best)."""
+    contention of its least disturbed attempt (its reference slowdown against the run's baseline,
+    reference_baseline())."""
     timing = suite.timing_for(target.kind, quick)
     dtypes = set(target.peaks.flops) | {"fp32"} if target.peaks.flops else None
     cases = suite.cases(target.kind, quick, dtypes)
@@ -278,8 +286,8 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
 
     runs = {key: _measure_series(target, group, timing, reference, tick) for key, group in groups.items()}
     for attempt in range(2, MAX_ATTEMPTS + 1):
-        best = min(run.reference_s for run in runs.values() if run.reference_s is not None)
-        again = [key for key, run in runs.items() if _disturbed(run, best, allowed)]
+        baseline = _baseline_reference_s(runs)
+        again = [key for key, run in runs.items() if _disturbed(run, baseline, allowed)]
         if not again:
             break
         target.clock.pause(RETRY_PAUSE_S)
@@ -289,14 +297,14 @@ def run_suite(target: Target, suite: Suite, quick: bool, progress: Progress | No
             runs[key].merge(_measure_series(target, groups[key], timing, reference, lambda case: tick(case, note)))
     if progress:
         progress(counter["total"], counter["total"], "fitting")
-    best = min(run.reference_s for run in runs.values() if run.reference_s is not None)
+    baseline = _baseline_reference_s(runs)
     results = [run.results[case.label] for key, run in runs.items() for case in groups[key]
                if case.label in run.results]
     skipped = [run.skipped[case.label] for key, run in runs.items() for case in groups[key]
                if case.label in run.skipped]
     contention = {key: replace(run.contention, attempts=run.attempts,
-                               reference_slowdown=None if run.reference_s is None
-                               else round(run.reference_s / best, 3))
+                               reference_slowdown=None if run.reference_s is None or not baseline
+                               else round(run.reference_s / baseline, 3))
                   for key, run in runs.items()}
     return results, skipped, contention
 
