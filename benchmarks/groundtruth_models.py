@@ -261,6 +261,32 @@ def _hf_llama_long(dry: bool) -> ModelParts:
     return build, example_input, lambda output, inputs: output.loss
 
 
+def _hf_llama_long_padded(dry: bool) -> ModelParts:
+    """_hf_llama_long with the attention mask universal-llm-trainer's GPU test passed: its `--gpu_test` mode
+    draws random token ids over all 8,192 positions but keeps the mask of the ARC sample it loaded, ones over
+    the sample's tokens and zeros to 8,192 (ljm565/universal-llm-trainer @aefdc4a,
+    src/data_collection/qa_dataset.py __getitem__ and src/trainer/trainer.py line 279). Transformers then
+    hands scaled_dot_product_attention a 4-D mask, which flash attention does not take: torch runs the
+    memory-efficient kernels over all s x s scores. Measured beside hf_llama_1b_ckpt, it tells whether that
+    is why ULT_GPU_TEST ran 1.6-3.2x our predicted steps."""
+    build, example_input, loss = _hf_llama_long(dry)
+
+    def padded_input(batch: int) -> dict[str, torch.Tensor]:
+        inputs = example_input(batch)
+        ids = inputs["input_ids"]
+        mask = torch.zeros_like(ids)
+        mask[:, :min(ULT_SAMPLE_TOKENS, ids.shape[1] // 2)] = 1
+        return {**inputs, "attention_mask": mask}
+
+    return build, padded_input, loss
+
+
+ULT_SAMPLE_TOKENS = 160
+"""Tokens of one ARC question with its answer in universal-llm-trainer's templates, about (its mask's ones;
+every position after them is padding). Any count below 8,192 makes the mask non-trivial; the kernels run
+the same work whatever it is."""
+
+
 LONG_SEQ_LEN = 8192
 """Tokens per sample of hf_llama_1b_ckpt: universal-llm-trainer's GPU test (ULT_GPU_TEST in
 ../shared/validation/published-throughput-newer.csv) fine-tuned 4-13B models at batch 2 x 8,192 tokens with
@@ -342,9 +368,13 @@ ZOO_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("lstm_lm", "rnn", "here: 2-layer LSTM 1024, vocabulary 32000, seq 256", _lstm, (32, 64), "adamw"),
     ModelSpec("hf_llama_1b_ckpt", "transformer", "hf:llama-3.2-1b (transformers, sdpa), seq 8192, gradient "
               "checkpointing", _hf_llama_long, (1, 2), "adamw", precisions=("bf16", "amp-bf16"), checkpointing=True),
+    ModelSpec("hf_llama_1b_ckpt_padded", "transformer", "hf_llama_1b_ckpt with universal-llm-trainer's padded "
+              "attention mask (160 of 8192 positions kept)", _hf_llama_long_padded, (1, 2), "adamw",
+              precisions=("bf16",), checkpointing=True),
 )
 """Beyond the examples: CNNs, BERT-large, ViT-L/16, a 1B Llama, Hugging Face's GPT-2, an MoE, an LSTM, and
-Hugging Face's Llama-3.2-1B at 8,192 tokens with gradient checkpointing (pure bf16 and amp-bf16)."""
+Hugging Face's Llama-3.2-1B at 8,192 tokens with gradient checkpointing (pure bf16 and amp-bf16; pure bf16 with
+a padded attention mask)."""
 
 
 def model_specs() -> list[ModelSpec]:

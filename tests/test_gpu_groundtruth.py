@@ -305,3 +305,24 @@ def test_the_long_sequence_llm_runs_checkpointed_in_its_own_precisions(tmp_path:
           expected=gt.EXIT_MORE)
     assert checkpointed and all(checkpointed)
     assert all(r["predicted_step_s"] for r in read(tmp_path / "gt" / "comparison.csv"))
+
+
+def test_the_padded_long_sequence_llm_makes_attention_compute_every_score() -> None:
+    """hf_llama_1b_ckpt_padded passes universal-llm-trainer's padded attention mask: transformers hands SDPA a
+    4-D mask, so the trace counts all s x s scores, where the unpadded model's causal kernels skip half."""
+    pytest.importorskip("transformers")
+    import groundtruth_models as models
+
+    def attention_flops(parts) -> float:
+        build, make_input, loss = parts(True)
+        trace = gt.trace_training_step(build, make_input, 2, "bf16", "adamw", loss, checkpointing=True,
+                                       attention="cuda")
+        return sum(r.flops for r in trace.records if r.op == "_scaled_dot_product_flash_attention_for_cpu")
+
+    mask = models._hf_llama_long_padded(True)[1](2)["attention_mask"]
+    # dry: 32 tokens, the sample's ones over the first min(160, 32 // 2) = 16
+    assert mask.shape == (2, 32) and mask.sum().item() == 2 * 16 and mask[:, :16].all()
+    # 2 x 4 heads, 32 x 32 scores, head dim 16: 2 * 8 * 32 * 32 * (16 + 16) = 524,288 FLOPs a call, 4 calls (2
+    # layers, forward and checkpointed recompute) = 2,097,152; causal: x (32 + 1) / (2 * 32) = 1,081,344
+    assert attention_flops(models._hf_llama_long_padded) == pytest.approx(4 * 524_288)
+    assert attention_flops(models._hf_llama_long) == pytest.approx(4 * 524_288 * 33 / 64)
