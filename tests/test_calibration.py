@@ -395,6 +395,19 @@ def test_reference_with_an_unknown_source_names_file_entry_key(tmp_path: Path) -
         load_families(db, tmp_path)
 
 
+
+def test_reference_families_are_read_once_until_a_file_changes(tmp_path: Path) -> None:
+    db = load_hwdb([])
+    shipped = shipped_dir("calibration", "suite.yaml") / "reference" / "defaults.yaml"
+    (tmp_path / "defaults.yaml").write_text(shipped.read_text())
+    first = load_families(db, tmp_path)
+    assert load_families(db, tmp_path) is first  # the same files: not parsed again
+    # an edited defaults.yaml (another size) is read again, and an error in it is reported
+    (tmp_path / "defaults.yaml").write_text(shipped.read_text().replace("sources: [E1, E4, E5, E6, E7, GT1]",
+                                                                        "sources: [E1, E99]", 1))
+    with pytest.raises(ReferenceError, match="unknown source 'E99'"):
+        load_families(db, tmp_path)
+
 # ---- the done-when check: a real quick calibration against an independent measurement ---------------------
 
 

@@ -59,6 +59,23 @@ def test_a_step_traced_once_comes_back_from_disk_the_same(cache: Path, model_fil
     assert len(list(cache.glob("*.trace"))) == 2
 
 
+
+def test_a_trace_read_once_is_served_from_memory_until_its_file_changes(cache: Path, model_file: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    traced(model_file)
+    read = traced(model_file)  # from disk
+    reads = []
+    real_read = trace_cache._read
+    monkeypatch.setattr(trace_cache, "_read", lambda *args: reads.append(args) or real_read(*args))
+    assert traced(model_file) is read and reads == []  # the same file: not read or unpickled again
+    # another process stores the trace again (a new file in its place): read from disk
+    path = next(cache.glob("*.trace"))
+    copy = path.with_suffix(".copy")
+    copy.write_bytes(path.read_bytes())
+    os.replace(copy, path)
+    again = traced(model_file)
+    assert len(reads) == 1 and again == read and again is not read
+
 def test_an_edit_of_the_model_or_a_file_beside_it_traces_again(cache: Path, model_file: Path):
     traced(model_file)
     # what `from helper import WIDTH` reads (another size: Python's bytecode cache checks size and mtime)
