@@ -48,8 +48,9 @@ seconds of them (at most REFERENCE_MAX_CALLS). Best of 3 calls was not enough on
 timed 60 times between bursts of other work, 12 of 60 best-of-3 readings of the 0.2 ms GEMM ran over
 1.25x the best (a wake-up or a neighbour's burst caught in all three calls), so quick calibrations
 were refused at rest; best of 20 calls (4 ms), 0 of 60 (2026-11-27). On a noisier host of the same
-kind (2026-11-28, benchmarks/reference_noise.py) 4 ms readings still scattered: 100 calls (20 ms) halve
-the share of quiet readings over 1.25x the run's baseline."""
+kind (2026-11-28, benchmarks/reference_noise.py) 4 ms readings put a median 23% of a quiet run's series
+over 1.25x its fastest reading, 20 ms readings 9% (against the lower quartile, REFERENCE_BASELINE_QUANTILE:
+7% each)."""
 
 REFERENCE_BASELINE_QUANTILE = 0.25
 """The run's baseline reference time is this quantile of its series' reference times, not their

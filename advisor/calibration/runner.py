@@ -17,8 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from advisor.calibration.contention import (MAX_ATTEMPTS, ReferenceKernel, allowed_for, contention_between,
-                                            reference_baseline,
-                                            cpu_snapshot, disturbance)
+                                            cpu_snapshot, disturbance, reference_baseline)
 from advisor.calibration.curves import fit_curve
 from advisor.calibration.packing import fit_gemm
 from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks

@@ -31,6 +31,7 @@ import os
 import pickle
 import stat
 import sys
+import threading
 from collections import OrderedDict
 from dataclasses import asdict
 from functools import lru_cache
@@ -97,11 +98,13 @@ def trace_key(fingerprint: str, **settings: Any) -> str | None:
 MEMO_ENTRIES = 6
 """Traces (StepTrace, immutable) this process keeps after reading them, the most recently used: a planning
 loop in one process (the TUI, a script) asks for the same two or three traces of a model at each call, and
-reading and unpickling them again took 0.19 s of a 1.2 s re-estimate of Llama-3-70B (2026-11-28). Six hold
-two models' traces; the 70B's take tens of MB."""
+reading and unpickling them again took 0.10-0.29 s of a 0.66-0.79 s re-estimate of Llama-3-70B over every GPU
+(benchmarks/trace_memo_ab.py, 2026-11-28). Six hold two models' traces."""
 
-_memo: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], Any]] = OrderedDict()
-"""(key, suffix) -> (the file's (inode, size, mtime_ns) when read, the object read from it)."""
+_memo: OrderedDict[str, tuple[tuple[int, int, int], Any]] = OrderedDict()
+"""A file's path -> (its (inode, size, mtime_ns) when read, the object read from it)."""
+_memo_lock = threading.Lock()
+"""The TUI estimates in worker threads."""
 
 
 def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
@@ -111,7 +114,7 @@ def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
     if key is None:
         return None
     path = cache_folder() / f"{key}{suffix}"
-    remembered = _remembered(path, key, suffix)
+    remembered = _remembered(path)
     if remembered is not None:
         return remembered
     try:
@@ -126,7 +129,7 @@ def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
     except OSError:  # a cache that cannot be touched still serves
         pass
     if kind is StepTrace:
-        _remember(path, key, suffix, trace)
+        _remember(path, trace)
     return trace
 
 
@@ -139,32 +142,32 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def _remembered(path: Path, key: str, suffix: str) -> Any:
+def _remembered(path: Path) -> Any:
     """The object read from `path` before, when the file is still the one it was read from; else None."""
-    entry = _memo.get((key, suffix))
+    with _memo_lock:
+        entry = _memo.pop(str(path), None)
     if entry is None:
         return None
     signature, trace = entry
     if _signature(path) != signature:
-        del _memo[(key, suffix)]
         return None
     try:
-        os.utime(path)
+        os.utime(path)  # the least recently used go first
     except OSError:
         pass
-    _memo[(key, suffix)] = (_signature(path) or signature, trace)
-    _memo.move_to_end((key, suffix))
+    _remember(path, trace)
     return trace
 
 
-def _remember(path: Path, key: str, suffix: str, trace: Any) -> None:
+def _remember(path: Path, trace: Any) -> None:
     signature = _signature(path)
     if signature is None:
         return
-    _memo[(key, suffix)] = (signature, trace)
-    _memo.move_to_end((key, suffix))
-    while len(_memo) > MEMO_ENTRIES:
-        _memo.popitem(last=False)
+    with _memo_lock:
+        _memo[str(path)] = (signature, trace)
+        _memo.move_to_end(str(path))
+        while len(_memo) > MEMO_ENTRIES:
+            _memo.popitem(last=False)
 
 
 def _read(path: Path, key: str, kind: type) -> Any:
