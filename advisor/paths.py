@@ -20,6 +20,16 @@ def shipped_dir(name: str, marker: str) -> Path:
     return installed
 
 
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size in bytes, mtime in ns) of `path`, None when it cannot be read: equal stamps, the same
+    file unchanged (an in-process memory of what was read from it may serve)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
 def user_cache_dir() -> Path:
     """The tool's cache folder (calibrations, traced steps): $GPU_ADVISOR_CACHE_DIR, else
     $XDG_CACHE_HOME/gpu-advisor, else ~/.cache/gpu-advisor."""

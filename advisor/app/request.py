@@ -26,6 +26,7 @@ from advisor.limits import (
     MAX_VCPUS_PER_GPU,
     MAX_WORKERS,
 )
+from advisor.paths import file_stamp
 from advisor.profile.choices import (
     BASE_WEIGHTS,
     BF16_BASE_PRECISIONS,
@@ -264,13 +265,10 @@ class PlanRequest:
         return tuple(chosen)
 
     def trace_key(self) -> tuple[Any, ...]:
-        """What the traced step depends on: TRACE_FIELDS' values and, for a model file, its modification
-        time and size (an edited file traces again). Equal keys: the traces can be reused."""
+        """What the traced step depends on: TRACE_FIELDS' values and, for a model file, its file_stamp()
+        (inode, size, modification time: an edited file traces again). Equal keys: the traces can be reused."""
         path = Path(self.model).expanduser() if self.model else None
-        stamp = None
-        if path is not None and path.is_file():
-            stat = path.stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
+        stamp = file_stamp(path) if path is not None and path.is_file() else None
         return tuple(getattr(self, name) for name in TRACE_FIELDS) + (stamp,)
 
     def traces_differ(self, other: PlanRequest) -> bool:

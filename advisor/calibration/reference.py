@@ -17,7 +17,7 @@ from advisor.calibration.profile import CalibrationProfile, SeriesProfile
 from advisor.calibration.suite import HOST_MEMORY_OPS, MEMORY_OPS
 from advisor.hardware.loader import HwdbError
 from advisor.hardware.specs import GPUSpec, HardwareDB
-from advisor.paths import shipped_dir
+from advisor.paths import file_stamp, shipped_dir
 
 FAMILY_COMPUTE_OPS = ("gemm", "conv", "conv_backward")
 """The compute series a documented GPU family gives factors for; depthwise convolutions (conv_dw) fall
@@ -88,7 +88,7 @@ def _reference_dir() -> Path:
 
 
 _loaded: dict[tuple[Any, ...], tuple[Family, ...]] = {}
-"""load_families()'s results by folder, source ids and the files' (name, size, mtime_ns): parsing
+"""load_families()'s results by folder, source ids and the files' names and file_stamp(): parsing
 defaults.yaml took about 30 ms of every plan() call (2026-11-28), and a planning loop in one process asks for the
 same families at each call."""
 
@@ -99,24 +99,13 @@ def load_families(db: HardwareDB, directory: Path | None = None) -> tuple[Family
     directory = directory or _reference_dir()
     source_ids = {source.id for source in db.sources}
     measured = sorted((directory / "measured").glob("*.json"))
-    key = (str(directory), frozenset(source_ids), _signature([*measured, directory / "defaults.yaml"]))
+    key = (str(directory), frozenset(source_ids),
+           tuple((str(path), file_stamp(path)) for path in [*measured, directory / "defaults.yaml"]))
     if key not in _loaded:
         if len(_loaded) >= 8:
             _loaded.clear()
         _loaded[key] = _read_families(directory, measured, source_ids)
     return _loaded[key]
-
-
-def _signature(paths: list[Path]) -> tuple[tuple[str, int, int], ...]:
-    """(name, size, mtime_ns) of each file (a missing one: -1, -1; reading it then says what is wrong)."""
-    signature = []
-    for path in paths:
-        try:
-            info = path.stat()
-            signature.append((str(path), info.st_size, info.st_mtime_ns))
-        except OSError:
-            signature.append((str(path), -1, -1))
-    return tuple(signature)
 
 
 def _read_families(directory: Path, measured: list[Path], source_ids: set[str]) -> tuple[Family, ...]:

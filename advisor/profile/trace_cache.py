@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from advisor.atomic import write_atomically
-from advisor.paths import user_cache_dir
+from advisor.paths import file_stamp, user_cache_dir
 from advisor.profile.trace import StepTrace
 
 FORMAT = "gpu-advisor-trace"
@@ -102,7 +102,7 @@ reading and unpickling them again took 0.10-0.29 s of a 0.66-0.79 s re-estimate 
 (benchmarks/trace_memo_ab.py, 2026-11-28). Six hold two models' traces."""
 
 _memo: OrderedDict[str, tuple[tuple[int, int, int], Any]] = OrderedDict()
-"""A file's path -> (its (inode, size, mtime_ns) when read, the object read from it)."""
+"""A file's path -> (its file_stamp() when read, the object read from it), the most recently used last."""
 _memo_lock = threading.Lock()
 """The TUI estimates in worker threads."""
 
@@ -114,16 +114,15 @@ def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
     if key is None:
         return None
     path = cache_folder() / f"{key}{suffix}"
-    remembered = _remembered(path)
-    if remembered is not None:
-        return remembered
-    try:
-        trace = _read(path, key, kind)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
-        _discard(path)
-        return None
+    trace = _remembered(path)
+    if trace is None:
+        try:
+            trace = _read(path, key, kind)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+            _discard(path)
+            return None
     try:
         os.utime(path)  # the least recently used go first
     except OSError:  # a cache that cannot be touched still serves
@@ -133,39 +132,21 @@ def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
     return trace
 
 
-def _signature(path: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime_ns) of `path`, None when it is gone."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return info.st_ino, info.st_size, info.st_mtime_ns
-
-
 def _remembered(path: Path) -> Any:
     """The object read from `path` before, when the file is still the one it was read from; else None."""
     with _memo_lock:
         entry = _memo.pop(str(path), None)
-    if entry is None:
+    if entry is None or file_stamp(path) != entry[0]:
         return None
-    signature, trace = entry
-    if _signature(path) != signature:
-        return None
-    try:
-        os.utime(path)  # the least recently used go first
-    except OSError:
-        pass
-    _remember(path, trace)
-    return trace
+    return entry[1]
 
 
 def _remember(path: Path, trace: Any) -> None:
-    signature = _signature(path)
-    if signature is None:
+    stamp = file_stamp(path)
+    if stamp is None:
         return
     with _memo_lock:
-        _memo[str(path)] = (signature, trace)
-        _memo.move_to_end(str(path))
+        _memo[str(path)] = (stamp, trace)
         while len(_memo) > MEMO_ENTRIES:
             _memo.popitem(last=False)
 
