@@ -72,7 +72,7 @@ from advisor.estimate.targets import database_targets, local_targets, with_measu
 from advisor.errors import UserError  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.hardware.specs import GPUSpec  # noqa: E402
-from advisor.memory.estimate import DeviceMemory, StepMemory, device_memory  # noqa: E402
+from advisor.memory.estimate import DeviceMemory, StepMemory, capped_replay, device_memory  # noqa: E402
 from advisor.parallel.strategy import Layout  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
     FILE_OPTIMIZER,
@@ -482,7 +482,8 @@ class Published:
         if isinstance(trace, str):
             return trace
         target = database_targets(self.db, [gpu], self.families)[0]
-        return device_memory(StepMemory.of_trace(trace), target, target.memory_overhead)
+        return device_memory(StepMemory.of_trace(trace), target, target.memory_overhead,
+                             capped=capped_replay(trace.memory))
 
     def predict_case(self, case: Case, gpu: GPUSpec, label: str, loop_reads_back: bool = False) -> Predicted | str:
         """The case timed on `gpu`, with its memory and the bare roofline; or why it is skipped.

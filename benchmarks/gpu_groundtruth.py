@@ -123,7 +123,7 @@ from advisor.estimate.targets import database_targets  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
 from advisor.hardware.matching import match_gpu_name  # noqa: E402
 from advisor.hardware.specs import GPUSpec, HardwareDB  # noqa: E402
-from advisor.memory.estimate import StepMemory, device_memory  # noqa: E402
+from advisor.memory.estimate import StepMemory, capped_replay, device_memory  # noqa: E402
 from advisor.paths import shipped_dir  # noqa: E402
 from advisor.probe.cpu import probe_cpu  # noqa: E402
 from advisor.profile.trace import (  # noqa: E402
@@ -1225,7 +1225,8 @@ class Predictor:
                                               "measured_device_used_bytes": number(measured["device_used_bytes"])}
         if isinstance(trace, str):
             return row | {"note": trace}
-        memory = device_memory(StepMemory.of_trace(trace), self.gpu, self.db.memory_overhead(self.gpu))
+        memory = device_memory(StepMemory.of_trace(trace), self.gpu, self.db.memory_overhead(self.gpu),
+                               capped=capped_replay(trace.memory))
         peaks = gpu_peaks(self.gpu)
         row |= {
             "predicted_step_s": estimate_records(trace.records, key.precision, self.shipped).step_s,

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import cast_model_and_inputs, example  # noqa: E402
 
 from advisor.hardware.loader import load_hwdb  # noqa: E402
-from advisor.memory.estimate import StepMemory, device_memory, parameter_formula_bytes
+from advisor.memory.estimate import StepMemory, capped_replay, device_memory, parameter_formula_bytes
 from advisor.profile.trace import (
     call_model,
     checkpoint_blocks,
@@ -209,7 +209,7 @@ def published_rows() -> tuple[list[tuple[str, float, float, float]], list[str]]:
             trace = trace_training_step(build, inputs, micro, precision, optimizer, loss, checkpointing=checkpointing,
                                         accumulate_gradients="grad_accum" in variant)
             result = device_memory(StepMemory.of_trace(trace), gpu, db.memory_overhead(gpu),
-                                   cuda_context_bytes=HF_CUDA_CONTEXT_MB * MIB)
+                                   cuda_context_bytes=HF_CUDA_CONTEXT_MB * MIB, capped=capped_replay(trace.memory))
             formula = parameter_formula_bytes(trace.params, precision, optimizer) + HF_CUDA_CONTEXT_MB * MIB
             rows.append((f"BERT-large s512 {variant.split('variant ')[1]} mb{micro}", float(row["value"]),
                          result.peak_bytes / MIB, formula / MIB))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from advisor.hardware.specs import MemoryOverhead
-from advisor.memory.allocator import CachingAllocator, replay, segment_size
-from advisor.memory.estimate import (BatchMemoryModel, StepMemory, cannot_hold, device_memory,
+from advisor.memory.allocator import AllocatorPeaks, CachingAllocator, OutOfMemory, replay, segment_size
+from advisor.memory.estimate import (BatchMemoryModel, StepMemory, cannot_hold, capped_replay, device_memory,
                                      parameter_formula_bytes)
 from advisor.profile.trace import OPTIMIZERS, trace_training_step
 
@@ -109,6 +109,49 @@ def test_allocator_segments_and_reuse_by_hand() -> None:
     assert segment_size(11 * MIB + 1) == 12 * MIB and segment_size(MIB) == 2 * MIB
 
 
+def test_a_capped_allocator_releases_its_whole_free_segments_before_it_runs_out_by_hand() -> None:
+    # 40 MiB of segments allowed. a = 30 MiB (its own 30 MiB segment), freed: cached, wholly free.
+    # b = 12 MiB: the 30 MiB block is the best fit, split (18 MiB left, above 1 MiB): no new segment.
+    # c = 20 MiB: nothing cached holds it; 30 + 20 > 40, so the cache is released, but the 30 MiB segment is
+    # split (b lives in it) and cannot go: still 30 + 20 > 40 -> out of memory.
+    allocator = CachingAllocator(capacity=40 * MIB)
+    allocator.free(allocator.malloc(30 * MIB))
+    allocator.malloc(12 * MIB)
+    with pytest.raises(OutOfMemory):
+        allocator.malloc(20 * MIB)
+    assert allocator.flushes == 1 and allocator.peak_reserved == 30 * MIB
+    # b freed first (the 30 MiB segment whole and free again), then c = 32 MiB, which the cached 30 MiB
+    # block cannot hold: 30 + 32 > 40, the free segment is released (30 -> 0 MiB) and c gets its own 32 MiB
+    # segment: 32 MiB reserved, one flush.
+    allocator = CachingAllocator(capacity=40 * MIB)
+    allocator.free(allocator.malloc(30 * MIB))
+    allocator.free(allocator.malloc(12 * MIB))
+    allocator.malloc(32 * MIB)
+    assert (allocator.reserved, allocator.peak_reserved, allocator.flushes) == (32 * MIB, 32 * MIB, 1)
+    # without a capacity nothing is released: 30 + 32 = 62 MiB reserved, no flush
+    allocator = CachingAllocator()
+    allocator.free(allocator.malloc(30 * MIB))
+    allocator.free(allocator.malloc(12 * MIB))
+    allocator.malloc(32 * MIB)
+    assert (allocator.reserved, allocator.flushes) == (62 * MIB, 0)
+
+
+def test_a_replay_under_the_reserve_it_needs_uncapped_runs_with_flushes_or_runs_out() -> None:
+    # VGG-style: large blocks freed and re-requested in other sizes fragment the cache. The uncapped
+    # replay's reserve is the most the step ever needs; capped there it runs as before, capped at the
+    # allocated peak (rounded down to a 2 MiB segment) it either flushes or runs out, never exceeding the cap.
+    from advisor.profile.model_file import load_model_file
+    from advisor.memory.plan import MemorySettings, trace_for_memory
+
+    memory = trace_for_memory(load_model_file("resnet50"), MemorySettings(8, "fp32", "sgd"), 8).memory
+    free = replay(memory)
+    assert replay(memory, capacity=free.reserved) == free
+    for capacity in (free.allocated, (free.allocated + free.reserved) // 2):
+        capped = replay(memory, capacity=capacity)
+        assert capped.reserved <= capacity and capped.allocated <= free.allocated
+        assert capped.out_of_memory or capped.flushes > 0 or free.reserved <= capacity
+
+
 def _replayed_call_by_call(memory, steps: int = 2) -> tuple[int, int, int]:
     """allocator.replay's semantics with CachingAllocator's malloc and free, one call per storage (unrounded
     sizes): each step's events, then what the step still holds freed in the order it was allocated; what
@@ -201,6 +244,57 @@ def test_device_memory_adds_context_and_workspace_and_parts_sum_to_peak() -> Non
     too_small, enough = (type("G", (), {"id": "t", "memory_bytes": mib * MIB})() for mib in (413, 415))
     assert cannot_hold(step.tensor_peak, too_small, overhead) and not cannot_hold(step.tensor_peak, enough, overhead)
     assert not cannot_hold(step.tensor_peak, too_small, overhead, cuda_context_bytes=399 * MIB)
+
+
+def test_a_device_between_the_allocated_peak_and_the_reserve_fits_where_the_capped_replay_does() -> None:
+    # allocated 6 MiB, reserved 8 MiB unhindered; 400 MiB context + 8 MiB workspace outside the allocator
+    step = StepMemory(4, 6 * MIB, "backward",
+                      {"weights": 2 * MIB, "weight_copies": 0, "gradients": 2 * MIB, "optimizer_state": 0,
+                       "inputs": 0, "activations": 2 * MIB, "backward_temporaries": 0, "optimizer_temporaries": 0},
+                      {"forward": 6 * MIB, "backward": 6 * MIB, "optimizer": 4 * MIB}, 6 * MIB, 8 * MIB)
+    overhead = MemoryOverhead("ampere", 400 * MIB, 8 * MIB, ("M2",))
+    gpu = type("G", (), {"id": "t", "memory_bytes": 415 * MIB})()  # room for segments: 415 - 408 = 7 MiB
+    asked: list[int] = []
+
+    def fits_in(capacity: int) -> AllocatorPeaks:  # the capped re-play: 7 MiB of segments, two flushes
+        asked.append(capacity)
+        return AllocatorPeaks(6 * MIB, 7 * MIB, 3, flushes=2)
+
+    result = device_memory(step, gpu, overhead, capped=fits_in)
+    assert asked == [7 * MIB]
+    # 408 MiB outside + the capped reserve 7 MiB = 415 MiB: fits, exactly full; the reserve's extra 1 MiB
+    assert result.fits and result.peak_bytes == 415 * MIB and result.allocator_flushes == 2
+    assert result.detail["allocator_reserve"] == MIB and sum(result.memory.values()) == result.peak_bytes
+    # the re-play runs out: the unhindered reserve stands, 1 MiB short
+    runs_out = device_memory(step, gpu, overhead, capped=lambda c: AllocatorPeaks(6 * MIB, 7 * MIB, 3, 1, True))
+    assert not runs_out.fits and runs_out.missing_bytes == MIB and runs_out.allocator_flushes == 0
+    # no re-play where the reserve fits (416 MiB) or not even the allocated peak does (413 MiB: room 5 MiB)
+    for mib in (416, 413):
+        device_memory(step, type("G", (), {"id": "t", "memory_bytes": mib * MIB})(), overhead, capped=fits_in)
+    assert asked == [7 * MIB]
+
+
+def test_vgg16_at_batch_256_in_fp32_fits_a_24_gib_card_only_with_flushes() -> None:
+    # NikolasEnt (2022) trained timm's VGG-16 at batch 256 in fp32 on an RTX 3090 and 4090 (24 GiB). Its
+    # 64 x 224 x 224 activations are 3.3 GB blocks at that batch; freed and re-requested in other sizes they
+    # fragment the cache: unhindered the allocator takes ~30.7 GiB for a ~19.1 GiB allocated peak.
+    import sys
+    from pathlib import Path
+
+    from advisor.hardware.loader import load_hwdb
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from zoo import VGG16
+
+    trace = trace_training_step(VGG16, lambda b: torch.randn(b, 3, 224, 224), 256, "fp32", "momentum")
+    step = StepMemory.of_trace(trace)
+    assert step.reserved > 1.5 * step.allocated  # fragmented: ~30.7 against ~19.1 GiB
+    db = load_hwdb()
+    card = db.gpu("rtx-3090")
+    unhindered = device_memory(step, card, db.memory_overhead(card))
+    assert not unhindered.fits
+    capped = device_memory(step, card, db.memory_overhead(card), capped=capped_replay(trace.memory))
+    assert capped.fits and capped.allocator_flushes > 0 and capped.peak_bytes <= card.memory_bytes
 
 
 def test_parameter_formula_baseline() -> None:

@@ -169,7 +169,7 @@ def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets
     """The request's step of `model` traced once and estimated on `targets`: its fastest fitting result (None
     when it fits none, or when the change does not apply to this model: a UserError from the trace)."""
     from advisor.estimate.plan import estimate_device
-    from advisor.memory.estimate import StepMemory, device_memory
+    from advisor.memory.estimate import StepMemory, capped_replay, device_memory
     from advisor.memory.plan import trace_for_memory
 
     try:
@@ -180,10 +180,11 @@ def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets
     if (settings.num_gpus or 1) > 1:  # the candidate runs on the request's GPUs, as the request would
         fitting = [r for r in _parallel_results(trace, settings, db, targets) if r.fits]
         return min(fitting, key=lambda r: (r.time_to_train_s, r.id), default=None)
-    step = StepMemory.of_trace(trace)
+    step, capped = StepMemory.of_trace(trace), capped_replay(trace.memory)
     fitting = []
     for target in targets:
-        memory = device_memory(step, target, target.memory_overhead, None, settings.memory.cuda_context_bytes)
+        memory = device_memory(step, target, target.memory_overhead, None, settings.memory.cuda_context_bytes, 0,
+                               capped)
         if memory.fits:
             fitting.append(estimate_device(trace, settings, target, memory, db))
     return min(fitting, key=lambda r: (r.time_to_train_s, r.id), default=None)

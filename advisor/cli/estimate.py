@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from advisor.app.plan import advise, advisor_runs, plan
 from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
-from advisor.present.format import describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si
+from advisor.present.format import (describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si,
+                                    tight_fit_line)
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
@@ -317,6 +318,9 @@ def _summary(estimate: Estimate) -> list[str]:
             line += (f"; pays off against renting it after {owning.break_even_hours:,.0f} h of training "
                      f"({owning.break_even_jobs:,.1f} such jobs)")
         lines.append(line)
+    tight = tight_fit_line([r.id for r in estimate.results if r.fits and r.memory.allocator_flushes])
+    if tight:
+        lines.append(tight)
     short = [r for r in estimate.results if not r.fits]
     if short:
         lines.append(f"Does not fit: {len(short)} of {len(estimate.results)} devices (missing memory in the table)")

@@ -24,8 +24,8 @@ from advisor.errors import UserError
 from advisor.estimate.costs import instances_for
 from advisor.estimate.step import StepTime
 from advisor.hardware.specs import CloudOffer, GPUSpec, HardwareDB, Interconnect
-from advisor.memory.allocator import MIN_BLOCK
-from advisor.memory.estimate import BatchMemoryModel, StepMemory, device_memory
+from advisor.memory.allocator import MIN_BLOCK, AllocatorPeaks, replay
+from advisor.memory.estimate import BatchMemoryModel, CappedReplay, StepMemory, device_memory
 from advisor.memory.plan import SecondTrace, ShardedMemory
 from advisor.parallel.collectives import bus_bytes, collective_s, fitted_curve
 from advisor.parallel.strategy import (
@@ -255,7 +255,9 @@ class LayoutMemory:
         self._second_sharding: Sharding | None = None
         self._steps: dict[tuple[str, bool, int, int], StepMemory] = dict((stored or {}).get("steps", {}))
         self._lines: dict[tuple[str, bool, int, int], BatchMemoryModel] = dict((stored or {}).get("lines", {}))
-        self._stored_count = len(self._steps) + len(self._lines)
+        self._capped: dict[tuple[tuple[str, bool, int, int], int], AllocatorPeaks] = dict(
+            (stored or {}).get("capped", {}))
+        self._stored_count = len(self._steps) + len(self._lines) + len(self._capped)
         self._peaks: dict[tuple[str, bool, int, int], int] = {}
         self._ranks: dict[tuple[str, bool, int, int], StepTrace] = {}  # rank traces whose peak alone was needed
         self._collectives: dict[tuple[Layout, int], list[Collective]] = {}
@@ -271,9 +273,9 @@ class LayoutMemory:
     def stored(self) -> dict[str, dict] | None:
         """Each layout's memory re-played so far, for the trace cache; None when nothing was added to what
         it was made with."""
-        if len(self._steps) + len(self._lines) == self._stored_count:
+        if len(self._steps) + len(self._lines) + len(self._capped) == self._stored_count:
             return None
-        return {"steps": dict(self._steps), "lines": dict(self._lines)}
+        return {"steps": dict(self._steps), "lines": dict(self._lines), "capped": dict(self._capped)}
 
     @property
     def plan(self) -> TensorPlan | str:
@@ -339,6 +341,20 @@ class LayoutMemory:
         if key not in self._steps:
             self._steps[key] = StepMemory.of_trace(self._ranks.pop(key, None) or self._rank_trace(layout))
         return self._steps[key]
+
+    def capped(self, layout: Layout) -> CappedReplay:
+        """One rank's allocator re-played under a capacity (memory.estimate.device_memory's `capped`), each
+        capacity once per layout."""
+        key = self._key(layout)
+
+        def replayed(capacity: int) -> AllocatorPeaks:
+            if (key, capacity) not in self._capped:
+                rank = self._rank_trace(layout)
+                assert rank.memory is not None
+                self._capped[key, capacity] = replay(rank.memory, capacity=capacity)
+            return self._capped[key, capacity]
+
+        return replayed
 
     def tensor_peak(self, layout: Layout) -> int:
         """One rank's tensors' peak at the traced batch, bytes (StepMemory.tensor_peak), without re-playing its
@@ -551,6 +567,6 @@ def sharded_memory(layouts: LayoutMemory, db: HardwareDB, gpus: Sequence[GPUSpec
         for strategy in strategies_for(parallel, machines.nodes, num_gpus // degree):
             layout = Layout(strategy, num_gpus, machines.gpus_per_node, degree)
             memory = device_memory(layouts.step(layout), gpu, db.memory_overhead(gpu), layouts.batch_model(layout),
-                                   cuda_context_bytes, nccl)
+                                   cuda_context_bytes, nccl, layouts.capped(layout))
             sharded.append(ShardedMemory(gpu.id, num_gpus, machines.nodes, layout.name, memory))
     return sharded, skipped

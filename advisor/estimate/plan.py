@@ -191,6 +191,7 @@ class DeviceEstimate:
             "peak_memory_bytes": self.memory.peak_bytes,
             "memory_capacity_bytes": self.memory.capacity_bytes,
             "missing_memory_bytes": self.memory.missing_bytes,
+            "allocator_flushes": self.memory.allocator_flushes,
             "memory": dict(self.memory.memory),
             "max_batch_size": self.memory.max_batch_size,
             "step_time_s": self.step_time_s if fits else None,
@@ -496,7 +497,8 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
     tried = []
     for strategy in strategies:
         layout = Layout(strategy, machines.gpus, machines.gpus_per_node, tp)
-        memory = device_memory(layouts.step(layout), target, target.memory_overhead, None, context, nccl)
+        memory = device_memory(layouts.step(layout), target, target.memory_overhead, None, context, nccl,
+                               layouts.capped(layout))
         found = layouts.collectives(layout, micro_batches) + tensor
         comm = communication(found, machines, compute, micro_batches, target.device.sm_count)
         tried.append((layout, memory, comm, sharded_step(compute, layout, comm)))
@@ -509,8 +511,9 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
         best = min(range(len(tried)), key=lambda i: (alternatives[i].peak_memory_bytes, i))
     layout, _, comm, step = tried[best]
     memory = device_memory(layouts.step(layout), target, target.memory_overhead, layouts.batch_model(layout), context,
-                           nccl)  # with the largest batch that fits
-    alone = device_memory(layouts.step(ONE_GPU), target, target.memory_overhead, None, context)
+                           nccl, layouts.capped(layout))  # with the largest batch that fits
+    alone = device_memory(layouts.step(ONE_GPU), target, target.memory_overhead, None, context,
+                          capped=layouts.capped(ONE_GPU))
     scaling = Scaling(layout, machines, comm, single.step_s,
                       choice_reason(settings.parallel, alternatives[best], alternatives), tuple(alternatives),
                       alone.fits)
@@ -561,7 +564,7 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
         if cannot_hold(layouts.whole_peak(lean.tp), target, overhead, context, nccl) or \
                 cannot_hold(layouts.tensor_peak(lean), target, overhead, context, nccl):
             continue
-        if device_memory(layouts.step(lean), target, overhead, None, context, nccl).fits:
+        if device_memory(layouts.step(lean), target, overhead, None, context, nccl, layouts.capped(lean)).fits:
             return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline,
                                      single=single)
     return None
@@ -702,7 +705,8 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
             else:
                 results.append(result_or_why)
             continue
-        memory = device_memory(step, target, target.memory_overhead, batch_model, memory_settings.cuda_context_bytes)
+        memory = device_memory(step, target, target.memory_overhead, batch_model, memory_settings.cuda_context_bytes,
+                               capped=layouts.capped(ONE_GPU))
         single = singles[target.id]
         result = estimate_device(trace, settings, target, memory, db, lowered, pipeline, step=single)
         if gpus is None and spread and not memory.fits:

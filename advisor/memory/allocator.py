@@ -7,7 +7,11 @@ those of c10/cuda/CUDACachingAllocator.cpp with default settings (no expandable 
 max_split_size): two pools (requests up to 1 MiB, and larger), best fit by size then address,
 segment sizes of 2 MiB for small requests, 20 MiB for requests under 10 MiB, else the request rounded
 to 2 MiB; blocks split when the remainder is at least 512 bytes (small pool) or above 1 MiB (large),
-and merge with free neighbours when freed. Segments are never returned to the driver.
+and merge with free neighbours when freed. Segments stay cached until a cudaMalloc fails: on a device with
+too little memory left for a new segment (`capacity`), the allocator releases every cached segment that
+is wholly free (release_cached_blocks, in both pools) and tries once more; when that fails too, the step
+runs out of memory (CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc). Each such flush is counted:
+torch.cuda.memory_stats()["num_alloc_retries"]. Without a capacity nothing is ever released.
 """
 
 from __future__ import annotations
@@ -57,11 +61,20 @@ class _Block:
 @dataclass(frozen=True)
 class AllocatorPeaks:
     """Peaks of a replay, bytes: blocks in use (max_memory_allocated) and segments held
-    (max_memory_reserved); `segments` is how many segments were created."""
+    (max_memory_reserved); `segments` is how many segments were created; under a capacity, `flushes` how
+    often the cache was released for a new segment (num_alloc_retries) and `out_of_memory` whether a request
+    found no room even then (the replay stops there)."""
 
     allocated: int
     reserved: int
     segments: int
+    flushes: int = 0
+    out_of_memory: bool = False
+
+
+class OutOfMemory(Exception):
+    """A capped replay's request that fits neither a cached block nor, after the cache's release, a new
+    segment."""
 
 
 class CachingAllocator:
@@ -70,7 +83,11 @@ class CachingAllocator:
     (The multi-GPU planner re-plays a step once per layout it sizes, 20 re-plays of 10,000 events for the 7B
     example over every GPU: `run` keeps the pools in local variables through a whole list of events.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        """`capacity`: bytes the allocator may hold in segments (the device's memory less what lies outside
+        it); None: unlimited, nothing released."""
+        self.capacity = capacity
+        self.flushes = 0
         self.small_pool: list[int] = []  # free blocks of the small pool, as sorted keys (ADDRESS_BITS)
         self.large_pool: list[int] = []
         self.free_blocks: dict[int, _Block] = {}  # free blocks by address
@@ -90,14 +107,25 @@ class CachingAllocator:
         if handle is not None:
             self.run((~handle,), {})
 
-    def peaks(self) -> AllocatorPeaks:
-        return AllocatorPeaks(self.peak_allocated, self.peak_reserved, self.segments)
+    def peaks(self, out_of_memory: bool = False) -> AllocatorPeaks:
+        return AllocatorPeaks(self.peak_allocated, self.peak_reserved, self.segments, self.flushes, out_of_memory)
+
+    def release_cached(self) -> int:
+        """Release every cached segment that is wholly free (a free block with no neighbour), from both
+        pools; the bytes released."""
+        whole = [block for block in self.free_blocks.values() if block.previous is None and block.next is None]
+        for block in whole:
+            pool = self.small_pool if block.small else self.large_pool
+            del pool[bisect.bisect_left(pool, block.size << ADDRESS_BITS | block.address)]
+            del self.free_blocks[block.address]
+        return sum(block.size for block in whole)
 
     def run(self, events: Iterable[int], sizes: Sequence[int] | Mapping[int, int]) -> None:
         """Allocate (event i >= 0: sizes[i] bytes, already rounded by round_request; 0: no block) and free
         (~i) in order: best fit by size then address in the request's pool, a new segment where none fits,
         the remainder split off where large enough, a freed block merged with free neighbours."""
         small_pool, large_pool, free_blocks, blocks = self.small_pool, self.large_pool, self.free_blocks, self.blocks
+        capacity = self.capacity
         bisect_left, insort = bisect.bisect_left, bisect.insort
         next_address, allocated, reserved = self.next_address, self.allocated, self.reserved
         peak_allocated, peak_reserved, segments = self.peak_allocated, self.peak_reserved, self.segments
@@ -114,6 +142,14 @@ class CachingAllocator:
                     block = free_blocks.pop(pool.pop(position) & ADDRESS_MASK)
                 else:
                     nbytes = segment_size(size)
+                    if capacity is not None and reserved + nbytes > capacity:  # cudaMalloc fails
+                        self.flushes += 1
+                        reserved -= self.release_cached()
+                        if reserved + nbytes > capacity:
+                            self.next_address, self.allocated, self.reserved = next_address, allocated, reserved
+                            self.peak_allocated, self.peak_reserved = peak_allocated, peak_reserved
+                            self.segments = segments
+                            raise OutOfMemory(size)
                     block = _Block(nbytes, next_address, small)
                     next_address += nbytes
                     reserved += nbytes
@@ -167,11 +203,13 @@ class CachingAllocator:
         self.peak_allocated, self.peak_reserved, self.segments = peak_allocated, peak_reserved, segments
 
 
-def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = None) -> AllocatorPeaks:
+def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = None,
+           capacity: int | None = None) -> AllocatorPeaks:
     """Replay the step's allocations and frees `steps` times in a row, as a training loop runs them:
     what the step allocated and still held at its end is freed before the next one (the next step
     replaces it), in the order it was allocated. Storages alive before the step are allocated first, in
-    creation order, once. `sizes`: memory.sizes(MIN_BLOCK), where the caller has them already."""
+    creation order, once. `sizes`: memory.sizes(MIN_BLOCK), where the caller has them already;
+    `capacity`: the bytes its segments may take (CachingAllocator), None for no limit."""
     if sizes is None:
         sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
     in_step = [s.allocated_at >= 0 for s in memory.storages]
@@ -186,7 +224,10 @@ def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = Non
     held = [~e for e in alive]  # freed before the next step
     first = [*events, *held]
     later = [e for e in events if in_step[e if e >= 0 else ~e]] + held
-    allocator = CachingAllocator()
-    for step in range(steps):
-        allocator.run(first if step == 0 else later, sizes)
+    allocator = CachingAllocator(capacity)
+    try:
+        for step in range(steps):
+            allocator.run(first if step == 0 else later, sizes)
+    except OutOfMemory:
+        return allocator.peaks(out_of_memory=True)
     return allocator.peaks()

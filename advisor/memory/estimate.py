@@ -11,13 +11,14 @@ line, and the largest batch that fits a device follows without tracing each batc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from advisor.hardware.specs import MemoryOverhead
-from advisor.memory.allocator import MIN_BLOCK, replay
+from advisor.memory.allocator import MIN_BLOCK, AllocatorPeaks, replay
 from advisor.profile.choices import precision_of
-from advisor.profile.live_memory import CATEGORIES
+from advisor.profile.live_memory import CATEGORIES, LiveMemory
 from advisor.profile.trace import StepTrace
 
 BREAKDOWN_KEYS = ("weights", "gradients", "optimizer", "activations", "overhead")
@@ -131,6 +132,10 @@ class DeviceMemory:
     missing_bytes: int
     max_batch_size: int | None
     overhead_sources: tuple[str, ...]
+    allocator_flushes: int = 0
+    """How often, in the two steps re-played, the caching allocator found no room for a new segment and
+    released its cached free segments to fit (torch.cuda.memory_stats()["num_alloc_retries"]): the step fits
+    only below the reserve it would take on a larger device, and each flush synchronizes the device."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,6 +151,24 @@ class MemoryDevice(Protocol):
     def memory_bytes(self) -> int: ...
 
 
+CappedReplay = Callable[[int], AllocatorPeaks]
+"""The step's allocator re-played with at most the given bytes for its segments (allocator.replay's
+`capacity`)."""
+
+
+def capped_replay(memory: LiveMemory) -> CappedReplay:
+    """allocator.replay of `memory` under a capacity, each capacity re-played once."""
+    sizes = memory.sizes(MIN_BLOCK)
+    done: dict[int, AllocatorPeaks] = {}
+
+    def replayed(capacity: int) -> AllocatorPeaks:
+        if capacity not in done:
+            done[capacity] = replay(memory, sizes=sizes, capacity=capacity)
+        return done[capacity]
+
+    return replayed
+
+
 def device_memory(
     step: StepMemory,
     gpu: MemoryDevice,
@@ -153,36 +176,51 @@ def device_memory(
     batch_model: BatchMemoryModel | None = None,
     cuda_context_bytes: int | None = None,
     communicator_bytes: int = 0,
+    capped: CappedReplay | None = None,
 ) -> DeviceMemory:
     """Memory of the traced step on `gpu`. `cuda_context_bytes` overrides the architecture's figure
     (an eager-loading stack, or one measured on the user's machine); `communicator_bytes`: NCCL's
-    buffers of a multi-GPU job (outside torch's allocator, like the context)."""
+    buffers of a multi-GPU job (outside torch's allocator, like the context). `capped`: the step's
+    allocator re-played under a capacity, asked where the device holds the step's allocated peak but not
+    the reserve it takes unhindered: there torch releases its cached segments when cudaMalloc fails, and
+    the step fits if that re-play does not run out (its reserve, at most the device's room, is the peak)."""
     context = context_bytes(overhead, cuda_context_bytes)
     workspace = overhead.cublas_workspace_bytes
+    outside = context + communicator_bytes
+    room = gpu.memory_bytes - outside - workspace  # what the allocator's segments may take
+    allocated, reserved, flushes = step.allocated, step.reserved, 0
+    if capped is not None and allocated <= room < reserved:
+        within = capped(room)
+        if not within.out_of_memory:
+            assert within.reserved <= room, "a capped re-play reserved more than its capacity"
+            allocated, reserved, flushes = within.allocated, within.reserved, within.flushes
     detail = {category: step.by_category.get(category, 0) for category in CATEGORIES}
-    detail |= {"allocator_reserve": step.fragmentation, "cublas_workspace": workspace, "cuda_context": context}
+    detail |= {"allocator_reserve": reserved - step.tensor_peak, "cublas_workspace": workspace,
+               "cuda_context": context}
     if communicator_bytes:
         detail["communicator"] = communicator_bytes
     memory = dict.fromkeys(BREAKDOWN_KEYS, 0)
     for category, key in BREAKDOWN_OF_CATEGORY.items():
         memory[key] += detail[category]
-    outside = context + communicator_bytes
-    memory["overhead"] = step.fragmentation + workspace + outside
+    memory["overhead"] = detail["allocator_reserve"] + workspace + outside
     peak = sum(memory.values())
-    assert peak == outside + workspace + step.reserved, "the breakdown must add up to the peak"
-    max_batch = None if batch_model is None else batch_model.max_batch_size(gpu.memory_bytes - outside - workspace)
+    assert peak == outside + workspace + reserved, "the breakdown must add up to the peak"
+    max_batch = None if batch_model is None else batch_model.max_batch_size(room)
+    if flushes and max_batch is not None:  # the line's reserve is the unhindered one: at least this batch fits
+        max_batch = max(max_batch, step.batch_size)
     return DeviceMemory(
         gpu_id=gpu.id,
         capacity_bytes=gpu.memory_bytes,
         peak_bytes=peak,
-        allocated_bytes=step.allocated + workspace,
-        reserved_bytes=step.reserved + workspace,
+        allocated_bytes=allocated + workspace,
+        reserved_bytes=reserved + workspace,
         memory=memory,
         detail=detail,
         fits=peak <= gpu.memory_bytes,
         missing_bytes=max(peak - gpu.memory_bytes, 0),
         max_batch_size=max_batch,
         overhead_sources=overhead.sources,
+        allocator_flushes=flushes,
     )
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
-from advisor.memory.estimate import BatchMemoryModel, DeviceMemory, StepMemory, device_memory, parameter_formula_bytes
+from advisor.memory.estimate import (BatchMemoryModel, DeviceMemory, StepMemory, capped_replay, device_memory,
+                                     parameter_formula_bytes)
 from advisor.profile.background import can_fork
 from advisor.profile.adapters import Adaptation
 from advisor.profile.choices import FILE_OPTIMIZER, precision_of
@@ -283,8 +284,9 @@ def plan_memory(
     on each of `gpus`."""
     trace, second = trace_both_batches(model, settings, trace, progress)
     step, batch_model = step_memory(trace, second)
-    results = tuple(device_memory(step, gpu, db.memory_overhead(gpu), batch_model, settings.cuda_context_bytes)
-                    for gpu in gpus)
+    capped = capped_replay(trace.memory)
+    results = tuple(device_memory(step, gpu, db.memory_overhead(gpu), batch_model, settings.cuda_context_bytes, 0,
+                                  capped) for gpu in gpus)
     return MemoryPlan(model.name, trace.params, settings, step, batch_model, results,
                       formula_bytes(trace, settings),
                       trace.checkpointed, trace, second)

@@ -121,3 +121,17 @@ def describe_params(trace: Any) -> str:
         return f"{count(total)} parameters"
     return f"{count(total)} parameters, {count(trace.params)} trainable"
 
+
+
+TIGHT_FIT = ("holds the step only because PyTorch's caching allocator releases its cached blocks when memory runs "
+             "out (flushes that synchronize the GPU in the first steps); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+             "fragments less")
+"""Said of a device whose memory result fits with allocator flushes (DeviceMemory.allocator_flushes)."""
+
+
+def tight_fit_line(device_ids: Sequence[str]) -> str:
+    """"Tight fit: rtx-3090, rtx-4090 hold the step only because ..." (empty without devices)."""
+    if not device_ids:
+        return ""
+    verb = TIGHT_FIT if len(device_ids) == 1 else TIGHT_FIT.replace("holds", "hold", 1)
+    return f"Tight fit: {', '.join(device_ids)} {verb}"

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from advisor.present.format import duration, money, percent, plan_duration
+from advisor.present.format import duration, money, percent, plan_duration, tight_fit_line
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import alternatives_line, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import describe_supply
@@ -61,7 +61,8 @@ class DeviceDetail(VerticalScroll):
             f"Input: {describe_supply(result, unit)}"
         advice = channels_last_advice(estimate, result)
         tip = "" if advice is None else f"Tip: channels-last tensors {advice}"
-        self.query_one("#detail-input", Static).update("\n".join(text for text in (feeding, tip) if text))
+        tight = tight_fit_line([result.id] if result.fits and result.memory.allocator_flushes else [])
+        self.query_one("#detail-input", Static).update("\n".join(text for text in (feeding, tip, tight) if text))
         ops = self.query_one("#detail-ops", DataTable)
         ops.clear()
         for row in step.top_ops(TOP_OPS) if result.fits else []:
