@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from advisor import units
 from advisor.app.plan import plan_memory_only
 from advisor.cli.arguments import add_memory_arguments, add_model_arguments, examples, progress, request_from_arguments
-from advisor.present.format import describe_params, fits_nowhere_message
+from advisor.present.format import describe_params, fits_nowhere_message, tight_fit_line
 from advisor.cli.table import Column, render_table
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
@@ -102,6 +102,11 @@ def render_memory(plan: MemoryPlan, db: HardwareDB) -> str:
                       f"(hsdp: fsdp within a node){split}; NCCL's buffers are in the overhead", "",
                   _sharded_table(plan, db)]
         lines += [f"{gpu_id}: {why}" for gpu_id, why in plan.unsharded]
+    tight = [r.gpu_id for r in plan.results if r.fits and r.allocator_flushes]
+    tight += [f"{s.gpu_id} ({s.num_gpus} GPUs, {s.strategy})" for s in plan.sharded
+              if s.memory.fits and s.memory.allocator_flushes]
+    if tight:
+        lines += ["", tight_fit_line(tight)]
     if plan.trace is not None:
         lines.extend(trace_notes(plan.trace))
     return "\n".join(lines)
