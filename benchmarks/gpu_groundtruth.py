@@ -255,7 +255,7 @@ def planned_rows(specs: list[ModelSpec], dry: bool) -> list[tuple[ModelSpec, Row
 STEP_COLUMNS = ("model", "kind", "batch", "precision", "layout", "optimizer", "status", "step_time_median_s",
                 "step_time_spread", "step_time_min_s", "step_time_max_s", "timed_steps", "samples_per_s",
                 "peak_allocated_bytes", "steady_peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes",
-                "params", "wall_s", "message")
+                "params", "wall_s", "message", "alloc_retries")
 """steps.csv. step_time_spread: interquartile range over median of the timed steps. peak_*: from the first
 step (optimizer state created, cuDNN autotuning) to the last; steady_peak_allocated_bytes: the timed steps
 only (the tool's trace is of a steady step). device_used_bytes: total - free device memory after the
@@ -273,12 +273,14 @@ COMPARISON_COLUMNS = ("model", "batch", "precision", "layout", "status", "measur
                       "measured_steady_allocated_bytes", "predicted_allocated_bytes", "allocated_error",
                       "measured_reserved_bytes", "predicted_reserved_bytes", "reserved_error",
                       "measured_device_used_bytes", "predicted_peak_bytes", "peak_error", "predicted_fits",
-                      "calibration", "note")
+                      "calibration", "note", "measured_alloc_retries", "predicted_alloc_flushes")
 """comparison.csv. predicted_*: the tool (advisor.estimate.step.estimate_records, advisor.memory.estimate.
 device_memory, as `advisor estimate --gpu ID` computes them) with the calibration shipped for that GPU,
 not this run's; bare: benchmarks/accuracy.py's bare roofline; calibrated: the same prediction from this
 run's calibration.json. predicted_allocated/reserved include the cuBLAS workspace; predicted_peak adds the
-CUDA context (compare with device_used). error = predicted / measured - 1."""
+CUDA context (compare with device_used). error = predicted / measured - 1. measured_alloc_retries: the row's
+num_alloc_retries (cache releases after a failed cudaMalloc); predicted_alloc_flushes: the capped re-play's in
+two steps (0 where the GPU holds the unhindered reserve)."""
 FILES = ("environment.json", "progress.json", "tests.txt", "calibration.json", "steps.csv", "kernels.csv",
          "comparison.csv", "report.txt")
 """Everything a run writes: 8 flat files, what one device command can send back."""
@@ -304,12 +306,16 @@ class CsvTable:
             return []
         with self.path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
-            if tuple(reader.fieldnames or ()) != self.columns:
+            found = tuple(reader.fieldnames or ())
+            older = 0 < len(found) < len(self.columns) and found == self.columns[:len(found)]
+            if found != self.columns and not older:
                 raise UsageError(f"{PROG}: {self.path} has columns {reader.fieldnames}, not {list(self.columns)}; "
                                  "it was written by another version: use another --out")
             rows = list(reader)
         whole = [r for r in rows if None not in r.values() and None not in r]
-        if len(whole) != len(rows):  # a torn row: rewrite the file without it
+        if older:  # written before the last columns were added: they stay empty
+            whole = [r | {c: "" for c in self.columns[len(found):]} for r in whole]
+        if len(whole) != len(rows) or older:  # a torn row, or the older header: rewrite the file
             self._rewrite(whole)
         return whole
 
@@ -358,6 +364,9 @@ class Memory:
     steady_allocated: int
     peak_reserved: int
     device_used: int | None
+    alloc_retries: int | None = None
+    """torch.cuda.memory_stats()["num_alloc_retries"] over the row: cudaMalloc failures the caching allocator
+    answered by releasing its cached segments (the tool's capped re-play, memory/allocator.py)."""
 
 
 class StepTimer:
@@ -452,6 +461,7 @@ class CudaDevice(Device):
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.torch_device)
+        torch.cuda.reset_accumulated_memory_stats(self.torch_device)  # num_alloc_retries counts this row's
 
     def begin_steps(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.torch_device)
@@ -466,7 +476,8 @@ class CudaDevice(Device):
         steady = torch.cuda.max_memory_allocated(self.torch_device)
         reserved = torch.cuda.max_memory_reserved(self.torch_device)
         free, total = torch.cuda.mem_get_info(self.torch_device)
-        return Memory(max(steady, self._warm_peak), steady, reserved, total - free)
+        retries = torch.cuda.memory_stats(self.torch_device).get("num_alloc_retries", 0)
+        return Memory(max(steady, self._warm_peak), steady, reserved, total - free, retries)
 
     def activities(self) -> list[Any]:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -627,7 +638,8 @@ class RowResult:
         if self.memory is not None:
             row |= {"peak_allocated_bytes": self.memory.peak_allocated,
                     "steady_peak_allocated_bytes": self.memory.steady_allocated,
-                    "peak_reserved_bytes": self.memory.peak_reserved, "device_used_bytes": self.memory.device_used}
+                    "peak_reserved_bytes": self.memory.peak_reserved, "device_used_bytes": self.memory.device_used,
+                    "alloc_retries": self.memory.alloc_retries}
         return row
 
 
@@ -1222,7 +1234,8 @@ class Predictor:
                                               "measured_steady_allocated_bytes":
                                                   number(measured["steady_peak_allocated_bytes"]),
                                               "measured_reserved_bytes": number(measured["peak_reserved_bytes"]),
-                                              "measured_device_used_bytes": number(measured["device_used_bytes"])}
+                                              "measured_device_used_bytes": number(measured["device_used_bytes"]),
+                                              "measured_alloc_retries": number(measured.get("alloc_retries", ""))}
         if isinstance(trace, str):
             return row | {"note": trace}
         memory = device_memory(StepMemory.of_trace(trace), self.gpu, self.db.memory_overhead(self.gpu),
@@ -1236,6 +1249,7 @@ class Predictor:
                                   if self.calibrated else None),
             "predicted_allocated_bytes": memory.allocated_bytes, "predicted_reserved_bytes": memory.reserved_bytes,
             "predicted_peak_bytes": memory.peak_bytes, "predicted_fits": memory.fits,
+            "predicted_alloc_flushes": memory.allocator_flushes,
         }
         for name, predicted, actual in (("step_error", "predicted_step_s", "measured_step_s"),
                                         ("bare_error", "bare_step_s", "measured_step_s"),

@@ -371,10 +371,16 @@ ZOO_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("hf_llama_1b_ckpt_padded", "transformer", "hf_llama_1b_ckpt with universal-llm-trainer's padded "
               "attention mask (160 of 8192 positions kept)", _hf_llama_long_padded, (1, 2), "adamw",
               precisions=("bf16",), checkpointing=True),
+    ModelSpec("vgg16_tight", "cnn", "benchmarks/zoo.py VGG16, fp32 at batches whose allocator reserve outgrows an "
+              "80 or 141 GB GPU while the blocks in use fit", _zoo_vision("vgg16", TinyVGG), (960, 1536), "momentum",
+              precisions=("fp32",)),
 )
 """Beyond the examples: CNNs, BERT-large, ViT-L/16, a 1B Llama, Hugging Face's GPT-2, an MoE, an LSTM, and
 Hugging Face's Llama-3.2-1B at 8,192 tokens with gradient checkpointing (pure bf16 and amp-bf16; pure bf16 with
-a padded attention mask)."""
+a padded attention mask), and VGG-16 in fp32 where only the caching allocator's releases make it fit: about 0.075
+GiB of blocks and 0.12 GiB of segments unhindered per image (30.7 GiB for 19.1 at batch 256, tests/test_memory.py),
+so batch 960 (~72 GiB in use, ~115 reserved unhindered) tests it on an 80 GB H100 and 1536 (~114, ~184) on a
+141 GB H200, each run reporting num_alloc_retries (steps.csv alloc_retries)."""
 
 
 def model_specs() -> list[ModelSpec]:

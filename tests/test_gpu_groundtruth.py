@@ -326,3 +326,18 @@ def test_the_padded_long_sequence_llm_makes_attention_compute_every_score() -> N
     # layers, forward and checkpointed recompute) = 2,097,152; causal: x (32 + 1) / (2 * 32) = 1,081,344
     assert attention_flops(models._hf_llama_long_padded) == pytest.approx(4 * 524_288)
     assert attention_flops(models._hf_llama_long) == pytest.approx(4 * 524_288 * 33 / 64)
+
+
+def test_a_csv_written_before_columns_were_added_reads_with_them_empty(tmp_path: Path) -> None:
+    # steps.csv of the 2026-11-27 H100 run has no alloc_retries: read (and rewritten) with it empty; a file
+    # whose columns differ otherwise is another version's
+    path = tmp_path / "steps.csv"
+    path.write_text("a,b\n1,2\n")
+    table = gt.CsvTable(path, ("a", "b", "c"))
+    assert table.rows() == [{"a": "1", "b": "2", "c": ""}]
+    assert path.read_text().splitlines()[0] == "a,b,c"
+    table.append([{"a": 3, "b": 4, "c": 5}])
+    assert [r["c"] for r in table.rows()] == ["", "5"]
+    path.write_text("a,x\n1,2\n")
+    with pytest.raises(gt.UsageError):
+        table.rows()
