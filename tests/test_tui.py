@@ -17,6 +17,7 @@ from advisor.hardware.loader import load_hwdb
 from advisor.profile.background import can_fork
 from advisor.tui import machine_screen
 from advisor.tui.app import AdvisorApp, main
+from advisor.tui.detail import DeviceDetail
 from advisor.tui.estimate_screen import EstimateScreen
 from advisor.tui.export_screen import ExportScreen
 from advisor.tui.help_screen import HelpScreen
@@ -633,3 +634,29 @@ def test_a_change_of_gpus_or_prices_reuses_the_traced_step(monkeypatch: pytest.M
         assert traced[-1] == 32, "a batch change traces the step again"
 
     drive(scenario)
+
+
+def test_the_detail_says_when_a_gpu_holds_the_step_only_with_allocator_flushes(tmp_path: Path) -> None:
+    # VGG-16 at batch 256 in fp32 on an RTX 3090: fits only with the caching allocator's releases
+    # (tests/test_estimate.py); its detail panel says so, the 40 GiB A100's does not
+    from tests.test_estimate import VGG16_FILE
+
+    model = tmp_path / "vgg16.py"
+    model.write_text(VGG16_FILE.format(benchmarks=str(Path(__file__).resolve().parents[1] / "benchmarks")))
+    app = AdvisorApp(DB, PlanRequest(model=str(model), batch_size=256, precision="fp32", optimizer="momentum",
+                                     gpus=("rtx-3090", "a100-sxm4-40gb"), input_pipeline=False))
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            shown = {}
+            for gpu_id in ("rtx-3090", "a100-sxm4-40gb"):
+                result = next(r for r in screen.estimate.results if r.id == gpu_id)
+                screen.query_one(DeviceDetail).show(screen.estimate, result)
+                await pilot.pause()
+                shown[gpu_id] = str(screen.query_one("#detail-input", Static).render())
+            assert "Tight fit: rtx-3090 holds the step only" in shown["rtx-3090"]
+            assert "Tight fit" not in shown["a100-sxm4-40gb"]
+
+    run(scenario)
