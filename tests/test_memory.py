@@ -221,12 +221,17 @@ def test_batch_model_max_batch_by_hand() -> None:
     assert model.max_batch_size(3_999) == 0  # the optimizer's 4,000 B never fit
 
 
+HAND_STEP = StepMemory(4, 6 * MIB, "backward",
+                       {"weights": 2 * MIB, "weight_copies": 0, "gradients": 2 * MIB, "optimizer_state": 0,
+                        "inputs": 0, "activations": 2 * MIB, "backward_temporaries": 0, "optimizer_temporaries": 0},
+                       {"forward": 6 * MIB, "backward": 6 * MIB, "optimizer": 4 * MIB}, 6 * MIB, 8 * MIB)
+"""A step by hand: 6 MiB of tensors at the peak (allocated), 8 MiB of segments unhindered (reserved)."""
+HAND_OVERHEAD = MemoryOverhead("ampere", 400 * MIB, 8 * MIB, ("M2",))
+"""400 MiB of CUDA context and 8 MiB of cuBLAS workspace, outside the allocator."""
+
+
 def test_device_memory_adds_context_and_workspace_and_parts_sum_to_peak() -> None:
-    step = StepMemory(4, 6 * MIB, "backward",
-                      {"weights": 2 * MIB, "weight_copies": 0, "gradients": 2 * MIB, "optimizer_state": 0,
-                       "inputs": 0, "activations": 2 * MIB, "backward_temporaries": 0, "optimizer_temporaries": 0},
-                      {"forward": 6 * MIB, "backward": 6 * MIB, "optimizer": 4 * MIB}, 6 * MIB, 8 * MIB)
-    overhead = MemoryOverhead("ampere", 400 * MIB, 8 * MIB, ("M2",))
+    step, overhead = HAND_STEP, HAND_OVERHEAD
 
     class Gpu:
         id, memory_bytes = "tiny", 416 * MIB
@@ -248,11 +253,7 @@ def test_device_memory_adds_context_and_workspace_and_parts_sum_to_peak() -> Non
 
 def test_a_device_between_the_allocated_peak_and_the_reserve_fits_where_the_capped_replay_does() -> None:
     # allocated 6 MiB, reserved 8 MiB unhindered; 400 MiB context + 8 MiB workspace outside the allocator
-    step = StepMemory(4, 6 * MIB, "backward",
-                      {"weights": 2 * MIB, "weight_copies": 0, "gradients": 2 * MIB, "optimizer_state": 0,
-                       "inputs": 0, "activations": 2 * MIB, "backward_temporaries": 0, "optimizer_temporaries": 0},
-                      {"forward": 6 * MIB, "backward": 6 * MIB, "optimizer": 4 * MIB}, 6 * MIB, 8 * MIB)
-    overhead = MemoryOverhead("ampere", 400 * MIB, 8 * MIB, ("M2",))
+    step, overhead = HAND_STEP, HAND_OVERHEAD
     gpu = type("G", (), {"id": "t", "memory_bytes": 415 * MIB})()  # room for segments: 415 - 408 = 7 MiB
     asked: list[int] = []
 
