@@ -124,8 +124,8 @@ def describe_params(trace: Any) -> str:
 
 
 TIGHT_FIT = ("holds the step only because PyTorch's caching allocator releases its cached blocks when memory runs "
-             "out (flushes that synchronize the GPU in the first steps); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-             "fragments less")
+             "out (flushes that synchronize the GPU in the first steps); "
+             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fragments less")
 """Said of a device whose memory result fits with allocator flushes (DeviceMemory.allocator_flushes)."""
 
 
