@@ -125,7 +125,7 @@ class CachingAllocator:
         (~i) in order: best fit by size then address in the request's pool, a new segment where none fits,
         the remainder split off where large enough, a freed block merged with free neighbours."""
         small_pool, large_pool, free_blocks, blocks = self.small_pool, self.large_pool, self.free_blocks, self.blocks
-        capacity = self.capacity
+        capacity, out_of_memory = self.capacity, True
         bisect_left, insort = bisect.bisect_left, bisect.insort
         next_address, allocated, reserved = self.next_address, self.allocated, self.reserved
         peak_allocated, peak_reserved, segments = self.peak_allocated, self.peak_reserved, self.segments
@@ -146,10 +146,7 @@ class CachingAllocator:
                         self.flushes += 1
                         reserved -= self.release_cached()
                         if reserved + nbytes > capacity:
-                            self.next_address, self.allocated, self.reserved = next_address, allocated, reserved
-                            self.peak_allocated, self.peak_reserved = peak_allocated, peak_reserved
-                            self.segments = segments
-                            raise OutOfMemory(size)
+                            break  # out of memory: raised below, once the state is written back
                     block = _Block(nbytes, next_address, small)
                     next_address += nbytes
                     reserved += nbytes
@@ -198,9 +195,13 @@ class CachingAllocator:
                     following.next.previous = block
             insort(small_pool if block.small else large_pool, block.size << ADDRESS_BITS | block.address)
             free_blocks[block.address] = block
+        else:  # every event ran
+            out_of_memory = False
         assert next_address <= ADDRESS_MASK, "more memory than a pool key's address holds"
         self.next_address, self.allocated, self.reserved = next_address, allocated, reserved
         self.peak_allocated, self.peak_reserved, self.segments = peak_allocated, peak_reserved, segments
+        if out_of_memory:
+            raise OutOfMemory()
 
 
 def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = None,

@@ -157,13 +157,13 @@ CappedReplay = Callable[[int], AllocatorPeaks]
 
 
 def capped_replay(memory: LiveMemory) -> CappedReplay:
-    """allocator.replay of `memory` under a capacity, each capacity re-played once."""
-    sizes = memory.sizes(MIN_BLOCK)
+    """allocator.replay of `memory` under a capacity, each capacity re-played once (nothing is done until a
+    device asks: most ask for none)."""
     done: dict[int, AllocatorPeaks] = {}
 
     def replayed(capacity: int) -> AllocatorPeaks:
         if capacity not in done:
-            done[capacity] = replay(memory, sizes=sizes, capacity=capacity)
+            done[capacity] = replay(memory, capacity=capacity)
         return done[capacity]
 
     return replayed
