@@ -6,6 +6,9 @@ Per op (seconds):
   calibrated curve of its series at its size, times (on a GPU) how well its tiles fill the SMs;
 - a memory op: bytes / (bandwidth x calibrated efficiency at its size); its FLOPs at the fp32 peak
   bound it from below;
+- on a GPU, the values an op reads soon after another op made them (while the traffic since fits the
+  GPU's L2: cached_reads) at L2_OVER_DRAM times the bandwidth (Ada's and Blackwell's 64-128 MB L2 hold a
+  step's mid-sized activations from one op to the next; Ampere's 6 MB almost none);
 - the host's time to issue it (dispatch, plus autograd recording in forward and backward; on a GPU,
   what an op costs the host inside a real eager step: STEP_HOST_RATIO);
 - on a GPU, dropout as CUDA's one fused kernel where the CPU trace recorded three (lowering.py);
@@ -38,6 +41,7 @@ from advisor.estimate.fusion import compiled_records, fusible
 from advisor.estimate.lowering import cuda_records
 from advisor.estimate.ops import (
     BATCH_NORM_CHANNEL_PASSES,
+    BATCH_NORMS,
     CUDNN_OPS,
     DTYPE_FALLBACK,
     FRESH_OUTPUT_SERIES,
@@ -98,19 +102,23 @@ class DeviceModel:
     measured_s: Mapping[tuple, float] | None = field(default=None, compare=False, hash=False)
     """Seconds of one call of ops timed on this device at their exact shapes (a local CPU's convolutions and
     batch norms: calibration/shapes.py), by shapes.call_key; they replace the calibrated curves for those calls."""
+    l2_cache_bytes: int | None = None
+    """A GPU's L2 cache (bytes): values an op reads soon after another made them come from it (cached_reads)."""
 
     def __post_init__(self) -> None:
         assert self.kind in ("gpu", "cpu"), self.kind
 
     @classmethod
     def of_gpu(cls, device_id: str, profile: CalibrationProfile, spec: GPUSpec | None,
-               sm_count: int | None = None, compute_capability: str | None = None) -> DeviceModel:
-        """A GPU timed with `profile`: its database entry's SM count and compute capability (else `sm_count`
-        and `compute_capability`, what torch.cuda reports of a local GPU the database lacks), architecture and
-        boost clock (None where the GPU is not in the database)."""
+               sm_count: int | None = None, compute_capability: str | None = None,
+               l2_cache_bytes: int | None = None) -> DeviceModel:
+        """A GPU timed with `profile`: its database entry's SM count, compute capability and L2 size (else
+        `sm_count`, `compute_capability` and `l2_cache_bytes`, what torch.cuda reports of a local GPU the
+        database lacks), architecture and boost clock (None where the GPU is not in the database)."""
         return cls(device_id, "gpu", profile, spec.sm_count if spec else sm_count,
                    spec.architecture if spec else None, spec.boost_clock_hz if spec else None,
-                   max_threads_per_sm(spec.compute_capability if spec else compute_capability))
+                   max_threads_per_sm(spec.compute_capability if spec else compute_capability),
+                   l2_cache_bytes=spec.l2_cache_bytes if spec and spec.l2_cache_bytes else l2_cache_bytes)
 
 
 @dataclass(slots=True)
@@ -256,18 +264,19 @@ class _OpTimer:
         self._memo: dict[tuple, tuple[OpClass, float, float, float, float]] = {}
         self.fresh_pages = device.profile.get("fresh_pages", "fp32") if device.kind == "cpu" else None
 
-    def kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float, float]:
+    def kernel(self, record: OpRecord, cached: int = 0) -> tuple[OpClass, float, float, float, float]:
         """(class, compute, memory, page faults, layout transposes) of one op, in seconds: the device
-        overlaps compute and memory traffic; page faults and layout transposes stop both."""
+        overlaps compute and memory traffic; page faults and layout transposes stop both. `cached`: bytes of
+        its traffic the GPU's L2 serves (cached_reads)."""
         key = (record.op, record.flops, record.bytes_read, record.bytes_written, record.dtypes, record.matmul,
-               record.gemm, record.allocated, record.conv, record.transposed, record.dropout, record.norm)
+               record.gemm, record.allocated, record.conv, record.transposed, record.dropout, record.norm, cached)
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = self._kernel(record)
+            found = self._memo[key] = self._kernel(record, cached)
         return found
 
-    def _kernel(self, record: OpRecord) -> tuple[OpClass, float, float, float, float]:
-        kind, compute, memory, layout = self._device_time(record)
+    def _kernel(self, record: OpRecord, cached: int) -> tuple[OpClass, float, float, float, float]:
+        kind, compute, memory, layout = self._device_time(record, cached)
         return kind, compute, memory, self._first_touch_seconds(record, kind), 0.0 if self.device.channels_last \
             else layout
 
@@ -285,10 +294,14 @@ class _OpTimer:
                 seconds += max(0.0, size / rate - size / self.bandwidth)
         return seconds
 
-    def _device_time(self, record: OpRecord) -> tuple[OpClass, float, float, float]:
-        """(class, compute, memory, layout transposes) seconds of one op on the device."""
+    def _device_time(self, record: OpRecord, cached: int = 0) -> tuple[OpClass, float, float, float]:
+        """(class, compute, memory, layout transposes) seconds of one op on the device; `cached` bytes of a
+        memory op's traffic come from L2 (L2_OVER_DRAM)."""
         kind = classify(record, self.precision, cuda=self.device.kind == "gpu")
         moved = moved_bytes(record, kind)
+        if cached and moved:  # L2's reads as DRAM bytes that take as long
+            moved = round(moved * _cached_scale(cached, moved if not kind.compute else
+                                                record.bytes_read + record.bytes_written))
         if kind.compute and self.device.kind == "gpu" and record.op in FUSED_ATTENTION and record.gemm:
             return kind, self._fused_attention_seconds(record, kind), moved / self.bandwidth, 0.0
         measured = self._measured_seconds(record)
@@ -549,6 +562,50 @@ def _aligned_for_fusion(chunks: list[tuple[list[OpRecord], int]]) -> list[tuple[
     return aligned
 
 
+L2_OVER_DRAM = 2.5
+"""Bandwidth of reads a GPU's L2 serves over its DRAM's (HBM or GDDR). An assumption, the middle of the 2-3x
+that calibration/quality.py takes for Ampere and Hopper (its gate allows up to GPU_CACHE_OVER_DRAM); the
+ground truth's `cache` part (benchmarks/gpu_cache.py) measures it on a lent GPU: hot / cold of a read right
+after the value was made against one from DRAM, 0.5 + 0.5 / L2_OVER_DRAM where it fits."""
+
+
+def _cached_scale(cached: int, traffic: int) -> float:
+    """Time of an op's traffic over its time from DRAM when `cached` of its `traffic` bytes come from L2.
+
+    # half of it from L2: 0.5 + 0.5 / 2.5 = 0.7
+    """
+    share = min(cached, traffic) / traffic
+    return 1.0 - share + share / L2_OVER_DRAM
+
+
+def cached_reads(records: Sequence[OpRecord], before: Sequence[OpRecord], capacity: int) -> list[int]:
+    """Per record, the bytes of its traffic a GPU's L2 of `capacity` bytes serves instead of its DRAM: each
+    value it reads that an op made so recently that all the traffic since (the maker's included, an upper bound
+    of the distinct bytes: a least-recently-used cache of `capacity` bytes still holds it) fits in L2, and a
+    batch norm's second pass over an input that fits. `before`: the ops run just before these (the reads'
+    sources may be among them); a source further back counts as a miss. Writes go to DRAM as L2 evicts them.
+
+    # y = relu(x), then z = y + 1, x and y 4 MB: relu's 4 MB read and 4 MB write since y was made (8 MB):
+    # a 6 MB L2 (RTX 3090) has evicted y, a 72 MB L2 (RTX 4090) serves z's 4 MB read of it
+    """
+    ops = [*before, *records]
+    traffic = [0]
+    for record in ops:
+        traffic.append(traffic[-1] + record.bytes_read + record.bytes_written)
+    found = []
+    for index in range(len(before), len(ops)):
+        record = ops[index]
+        hit = 0
+        for source, size, _ in record.reads:
+            if 0 < source <= index and traffic[index] - traffic[index - source] <= capacity:
+                hit += size
+        hit = min(hit, record.bytes_read)
+        if record.op in BATCH_NORMS and record.bytes_read <= capacity:
+            hit += record.bytes_read  # its second pass over the input (ops.moved_bytes)
+        found.append(hit)
+    return found
+
+
 STEADY_TOLERANCE = 1e-12
 """Relative difference below which two copies of a repeated block leave the host and device clocks in the
 same relation (floating-point rounding)."""
@@ -566,26 +623,43 @@ class _Clock:
         self.by_bound = dict.fromkeys(BOUNDS, 0.0)
         self.ops: list[OpTime] = []
         self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, float]] = {}
+        self.cached: dict[tuple, list[int]] = {}
         self.read_back = False
         """Whether a queued op read a value back (OpRecord.synchronizes): the host waited for the device."""
 
     def run_step(self, chunks: Chunks) -> tuple[float, dict[str, float], int]:
         """Run one step's chunks; returns the device clock, the bounds and the op count it found."""
         found = self.device, dict(self.by_bound), len(self.ops)
+        before: Sequence[OpRecord] = ()
         for records, copies in chunks:
+            cached = self._cached(records, before)  # the first copy follows the chunk before, the others a copy
             if copies == 1:
-                self.run(records)
+                self.run(records, cached)
             else:
-                self.run_copies(records, copies)
+                self.run_copies(records, copies, cached, self._cached(records, records))
+            before = records
         return found
 
-    def run(self, records: Sequence[OpRecord]) -> None:
+    def _cached(self, records: Sequence[OpRecord], before: Sequence[OpRecord]) -> list[int] | None:
+        """cached_reads of a chunk on this clock's GPU (None without an L2 size, on a CPU and compiled)."""
+        capacity = self.timer.device.l2_cache_bytes
+        if not self.queued or self.compiled or not capacity:
+            return None
+        key = (id(records), id(before), capacity)
+        found = self.cached.get(key)
+        if found is None:
+            found = self.cached[key] = cached_reads(records, before, capacity)
+        return found
+
+    def run(self, records: Sequence[OpRecord], cached: Sequence[int] | None = None) -> None:
+        """Run `records` in order; `cached`: the bytes of each one's traffic L2 serves (cached_reads)."""
         queued, by_bound, ops = self.queued, self.by_bound, self.ops
-        for record in records:
-            key = record.anonymous()  # what a kernel's time depends on: the record but its module
+        for index, record in enumerate(records):
+            hit = cached[index] if cached else 0
+            key = (record.anonymous(), hit)  # what a kernel's time depends on: the record but its module
             timed = self.kernels.get(key)
             if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
-                timed = self.kernels[key] = (*self.timer.kernel(record),
+                timed = self.kernels[key] = (*self.timer.kernel(record, hit),
                                              host_seconds(record, self.overheads, cpu=not queued,
                                                           compiled=self.compiled))
             kind, compute, traffic, faults, layout, host = timed
@@ -609,18 +683,21 @@ class _Clock:
                               record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound,
                               layout))
 
-    def run_copies(self, records: Sequence[OpRecord], copies: int) -> None:
+    def run_copies(self, records: Sequence[OpRecord], copies: int, cached: Sequence[int] | None = None,
+                   cached_after: Sequence[int] | None = None) -> None:
         """`copies` runs of `records` in a row. Once a copy leaves the clocks as it found them (the device
         as far behind the host, or further behind with no wait in the copy: the next copy then runs the
         same), the rest are that copy again: its ops stand for them (OpTime.calls) and the clocks and
-        bounds advance by its amounts. Exact but for rounding (STEADY_TOLERANCE)."""
+        bounds advance by its amounts. Exact but for rounding (STEADY_TOLERANCE). `cached`: the first copy's
+        reads from L2 (cached_reads after the chunk before), `cached_after`: the other copies' (after a copy);
+        a first copy whose differ does not stand for the others."""
         done = 0
         while done < copies:
             host, device, by_bound, first = self.host, self.device, dict(self.by_bound), len(self.ops)
-            self.run(records)
+            self.run(records, cached if done == 0 else cached_after)
             done += 1
             left = copies - done
-            if not left or not self._steady(device - host, first):
+            if not left or not self._steady(device - host, first) or (done == 1 and cached != cached_after):
                 continue
             self.host += left * (self.host - host)
             self.device += left * (self.device - device)

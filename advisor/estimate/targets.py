@@ -155,7 +155,8 @@ def local_targets(db: HardwareDB, families: tuple[Family, ...], progress: Progre
         overhead = db.memory_overhead(spec) if spec else db.memory_overhead_default()
         properties = torch.cuda.get_device_properties(index)
         device = DeviceModel.of_gpu(local_id, local.profile, spec, properties.multi_processor_count,
-                                    f"{properties.major}.{properties.minor}")
+                                    f"{properties.major}.{properties.minor}",
+                                    getattr(properties, "L2_cache_size", None) or None)
         targets.append(EstimateTarget(local_id, f"this GPU: {target.name}", device,
                                       properties.total_memory, overhead, spec, True, local.note, local.quality))
     return targets
