@@ -71,10 +71,21 @@ def test_dry_run_writes_every_file_with_its_columns(dry_run: tuple[Path, str]) -
     progress = json.loads((out / "progress.json").read_text())["parts"]
     assert {part: progress[part]["status"] for part in gt.PARTS} == dict.fromkeys(gt.PARTS, "done")
     for name, columns in (("steps.csv", gt.STEP_COLUMNS), ("kernels.csv", gt.KERNEL_COLUMNS),
-                          ("comparison.csv", gt.COMPARISON_COLUMNS)):
+                          ("comparison.csv", gt.COMPARISON_COLUMNS), ("cache.csv", gt.CACHE_COLUMNS)):
         with (out / name).open() as handle:
             assert tuple(next(csv.reader(handle))) == columns, name
     assert "median |error| step time, ours" in printed and "bare roofline" in printed
+
+
+def test_dry_run_times_the_cache_probes_hot_and_cold(dry_run: tuple[Path, str]) -> None:
+    out, printed = dry_run
+    cache = read(out / "cache.csv")
+    # reuse at 2 sizes, batch norm forward and backward at 2 batches in 2 dtypes; each hot and cold
+    assert len(cache) == 2 * (2 + 2 * 2 * 2)
+    assert {(r["kind"], r["state"]) for r in cache} == {(k, s) for k in ("reuse", "bn_forward", "bn_backward")
+                                                        for s in ("hot", "cold")}
+    assert all(positive(r, "seconds", "bytes", "elements") for r in cache)
+    assert "reuse (z = y + 1, fp32): hot / cold" in printed and "elements per second per block" in printed
 
 
 def test_dry_run_rows_hold_positive_numbers(dry_run: tuple[Path, str]) -> None:
@@ -149,11 +160,12 @@ def test_a_real_runs_profile_installs_where_the_loader_reads_it(dry_run: tuple[P
 def test_a_second_run_skips_what_is_done_and_measures_a_torn_row_again(dry_run: tuple[Path, str]) -> None:
     out, _ = dry_run
     kept = {name: (out / name).read_bytes() for name in ("tests.txt", "calibration.json", "steps.csv",
-                                                        "kernels.csv", "comparison.csv")}
+                                                        "kernels.csv", "comparison.csv", "cache.csv")}
     _main(["--dry-run", "--out", str(out), "--models", MODELS], expected=0)
     assert {name: (out / name).read_bytes() for name in kept} == kept
     commands = json.loads((out / "progress.json").read_text())["commands"]
-    assert [c["units"] for c in commands][-2:] == [2 + 40 + 40, 0]  # tests, calibration, rows, predictions
+    # tests, calibration, rows, predictions, the cache probes
+    assert [c["units"] for c in commands][-2:] == [2 + 40 + 40 + 1, 0]
     # a command killed while writing its last row leaves half a line: it is dropped and measured again
     steps = (out / "steps.csv").read_text()
     lines = steps.splitlines(keepends=True)

@@ -1,0 +1,188 @@
+"""What a GPU's L2 does for the ops of a training step (issue #28), measured: the `cache` part of
+benchmarks/gpu_groundtruth.py.
+
+Two kinds of kernel, each timed alone with CUDA events at tensor sizes from well inside the L2 to well
+beyond it, twice: `hot`, right after another kernel wrote its input (a training step's producer and
+consumer), and `cold`, after a read of a buffer CACHE_FLUSH_OVER_L2 times the L2 evicted it.
+
+- `reuse`: z = y + 1 on fp32 tensors. The time model (advisor/estimate/step.py, cached_reads) reads y from
+  L2 when the traffic since y was made fits the L2, at L2_OVER_DRAM times the DRAM bandwidth: hot / cold =
+  0.5 + 0.5 / L2_OVER_DRAM = 0.7 where it fits, 1.0 where not. The measured ratio checks both the rate and
+  where the cache stops holding the value.
+- `bn_forward`, `bn_backward`: a training batch norm on channels-first [N, 64, 56, 56] tensors (fp32 and
+  bf16), which runs one thread block per channel (ops.BATCH_NORM_CHANNEL_PASSES); the time model charges
+  BATCH_NORM_BLOCK_ELEMENTS_PER_S per block, fitted on an H100's steps where most inputs came from DRAM.
+  The per-block rate hot and cold says whether a block's latency-bound loop runs faster on L2-resident
+  data, as the RTX 4090's channels-first EfficientNet and ResNet rows suggest (published-throughput-newer,
+  NIKOLASENT_2025: 1.5x an RTX 3090 with 1.08x its bandwidth).
+
+On a CPU (the harness's dry run) the same code runs with host timers and tiny sizes: the plumbing only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+CACHE_COLUMNS = ("kind", "dtype", "bytes", "elements", "channels", "state", "seconds", "repeats")
+CACHE_FLUSH_OVER_L2 = 4
+"""The cold state's eviction buffer, in L2 sizes (a read of it leaves none of the input in L2)."""
+REUSE_MB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""y's sizes (MiB) for `reuse`."""
+BN_BATCHES = (2, 4, 8, 16, 32, 64, 128, 256)
+"""Batch sizes of the batch norm's [N, 64, 56, 56] input: 0.77 MiB (fp32) per image, 1.5 to 196 MiB."""
+BN_SHAPE = (64, 56, 56)
+REPEATS = 15
+SPIN_CYCLES = 2_000_000
+"""A spin kernel before each timed one (about 1 ms at 2 GHz), longer than the host takes to issue it (autograd's
+backward included)."""
+DRY_REUSE_BYTES = (4096, 65536)
+DRY_BN_BATCHES = (1, 2)
+DRY_BN_SHAPE = (4, 8, 8)
+DRY_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Where the kernels run: a CUDA device (event timers) or, in a dry run, this CPU (host timers)."""
+
+    device: torch.device
+    l2_bytes: int
+    repeats: int
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def time(self, prepare: Callable[[], Any], kernel: Callable[[], Any]) -> float:
+        """Median seconds of `kernel` alone, `prepare` run before each call (not timed)."""
+        found = []
+        for _ in range(self.repeats + 1):
+            prepare()
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(SPIN_CYCLES)  # the GPU busy while the host issues the kernel: no gap timed
+                start.record()
+                kernel()
+                end.record()
+                end.synchronize()
+                found.append(start.elapsed_time(end) / 1e3)
+            else:
+                began = time.perf_counter()
+                kernel()
+                found.append(time.perf_counter() - began)
+        return statistics.median(found[1:])  # the first call warms up (cuDNN's plan, the allocator)
+
+
+def l2_bytes_of(device: torch.device) -> int:
+    """The device's L2 size in bytes (a CPU in a dry run: 1 MiB, a stand-in)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    return 2**20
+
+
+def measure_cache(device: torch.device, dry: bool) -> list[dict[str, Any]]:
+    """Every row of cache.csv (CACHE_COLUMNS) on `device`: reuse at each size, batch norm forward and backward
+    at each batch, fp32 and bf16, hot and cold."""
+    bench = Bench(device, l2_bytes_of(device), DRY_REPEATS if dry else REPEATS)
+    flush = torch.ones(CACHE_FLUSH_OVER_L2 * bench.l2_bytes // 4, device=device)
+    rows = []
+    for size in DRY_REUSE_BYTES if dry else tuple(mb * 2**20 for mb in REUSE_MB):
+        rows += reuse_rows(bench, size, flush)
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch in DRY_BN_BATCHES if dry else BN_BATCHES:
+            rows += batch_norm_rows(bench, (batch, *(DRY_BN_SHAPE if dry else BN_SHAPE)), dtype, flush)
+    return rows
+
+
+def _evict(flush: torch.Tensor) -> Callable[[], Any]:
+    return lambda: flush.sum()
+
+
+def reuse_rows(bench: Bench, size: int, flush: torch.Tensor) -> list[dict[str, Any]]:
+    """z = y + 1 with y of `size` bytes (fp32), hot (y just written) and cold (L2 flushed)."""
+    y = torch.ones(size // 4, device=bench.device)
+    z = torch.empty_like(y)
+    x = torch.ones_like(y)
+    hot = bench.time(lambda: torch.mul(x, 2, out=y), lambda: torch.add(y, 1, out=z))
+    cold = bench.time(_evict(flush), lambda: torch.add(y, 1, out=z))
+    common = {"kind": "reuse", "dtype": "fp32", "bytes": size, "elements": y.numel(), "channels": 0,
+              "repeats": bench.repeats}
+    return [common | {"state": "hot", "seconds": hot}, common | {"state": "cold", "seconds": cold}]
+
+
+def batch_norm_rows(bench: Bench, shape: tuple[int, ...], dtype: torch.dtype,
+                    flush: torch.Tensor) -> list[dict[str, Any]]:
+    """A training batch norm's forward and backward on a channels-first input of `shape`, hot (input and
+    gradient just written) and cold (L2 flushed). bf16 runs PyTorch's kernels, fp32 cuDNN's (as in a step)."""
+    channels = shape[1]
+    x = torch.randn(shape, device=bench.device, dtype=dtype)
+    grad = torch.randn_like(x)
+    weight = torch.ones(channels, device=bench.device)
+    bias = torch.zeros(channels, device=bench.device)
+    mean, var = torch.zeros(channels, device=bench.device), torch.ones(channels, device=bench.device)
+    x.requires_grad_(True)
+    rows = []
+    name = "fp32" if dtype == torch.float32 else "bf16"
+    common = {"dtype": name, "bytes": x.numel() * x.element_size(), "elements": x.numel(), "channels": channels,
+              "repeats": bench.repeats}
+
+    def rewrite() -> None:  # through .data: the saved input's version stays, its bytes are written anew
+        x.data.mul_(1.0)
+        grad.mul_(1.0)
+
+    def forward() -> torch.Tensor:
+        return F.batch_norm(x, mean, var, weight, bias, training=True, momentum=0.1, eps=1e-5)
+
+    for state, prepare in (("hot", rewrite), ("cold", _evict(flush))):
+        rows.append(common | {"kind": "bn_forward", "state": state, "seconds": bench.time(prepare, forward)})
+    output = forward()
+
+    def backward() -> None:
+        torch.autograd.grad(output, x, grad, retain_graph=True)
+
+    for state, prepare in (("hot", rewrite), ("cold", _evict(flush))):
+        rows.append(common | {"kind": "bn_backward", "state": state, "seconds": bench.time(prepare, backward)})
+    return rows
+
+
+def summary(rows: list[dict[str, Any]], l2_bytes: int | None) -> list[str]:
+    """The measurements as text: per size, hot / cold and what the time model says of it; per batch norm,
+    the per-block element rate hot and cold (the model's: BATCH_NORM_BLOCK_ELEMENTS_PER_S)."""
+    from advisor.estimate.ops import BATCH_NORM_BLOCK_ELEMENTS_PER_S, BATCH_NORM_CHANNEL_PASSES
+    from advisor.estimate.step import L2_OVER_DRAM
+
+    def seconds(kind: str, dtype: str, size: int, state: str) -> float | None:
+        found = [float(r["seconds"]) for r in rows if r["kind"] == kind and r["dtype"] == dtype
+                 and int(r["bytes"]) == size and r["state"] == state]
+        return found[0] if found else None
+
+    lines = [f"L2: {l2_bytes / 2**20:.0f} MiB" if l2_bytes else "L2: unknown",
+             "reuse (z = y + 1, fp32): hot / cold; the model's 0.7 where y's making and reading "
+             f"(2 x y) fit L2 ({0.5 + 0.5 / L2_OVER_DRAM:.2f}), 1.0 beyond"]
+    for size in sorted({int(r["bytes"]) for r in rows if r["kind"] == "reuse"}):
+        hot, cold = seconds("reuse", "fp32", size, "hot"), seconds("reuse", "fp32", size, "cold")
+        if hot and cold:
+            model = 0.5 + 0.5 / L2_OVER_DRAM if l2_bytes and 2 * size <= l2_bytes else 1.0
+            lines.append(f"  {size / 2**20:8.2f} MiB  hot {hot * 1e6:9.1f} us  cold {cold * 1e6:9.1f} us  "
+                         f"hot/cold {hot / cold:5.2f}  model {model:4.2f}  cold {2 * size / cold / 1e9:7.1f} GB/s")
+    lines.append(f"batch norm, channels-first: elements per second per block (model "
+                 f"{BATCH_NORM_BLOCK_ELEMENTS_PER_S:.2g}), hot / cold")
+    for kind, op in (("bn_forward", "native_batch_norm"), ("bn_backward", "native_batch_norm_backward")):
+        passes = BATCH_NORM_CHANNEL_PASSES[op]
+        for dtype in ("fp32", "bf16"):
+            for size in sorted({int(r["bytes"]) for r in rows if r["kind"] == kind and r["dtype"] == dtype}):
+                row = next(r for r in rows if r["kind"] == kind and r["dtype"] == dtype and int(r["bytes"]) == size)
+                hot, cold = seconds(kind, dtype, size, "hot"), seconds(kind, dtype, size, "cold")
+                if not hot or not cold:
+                    continue
+                per_block = passes * int(row["elements"]) / int(row["channels"])
+                lines.append(f"  {kind:<11} {dtype} {size / 2**20:8.2f} MiB  hot {per_block / hot:9.3g}  "
+                             f"cold {per_block / cold:9.3g}  hot/cold {hot / cold:5.2f}")
+    return lines
