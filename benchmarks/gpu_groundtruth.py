@@ -16,10 +16,11 @@ does the next unfinished parts, in order, within the budget, and says what is le
                kernel names and their CUDA times (convolution, attention, matmul, RNN; the rest as one total)
   compare      the tool's own prediction for that GPU with the shipped calibration (not this run's), beside
                the bare roofline of benchmarks/accuracy.py and the prediction from this run's calibration
-  cache        what the GPU's L2 does for a step's ops (benchmarks/gpu_cache.py): a value read right after it was
-               made against one evicted, and channels-first batch norms hot and cold, at sizes across the L2
+  probes       kernels timed alone (benchmarks/gpu_probes.py): what the L2 does for a step's ops (a value read
+               right after it was made against one evicted; channels-first batch norms hot and cold, at sizes
+               across the L2) and thin GEMMs (LoRA adapters' shapes) beside the time model's prediction
 Results go to benchmarks/results/groundtruth/<date>-<gpu>/ (or --out): environment.json, progress.json,
-tests.txt, calibration.json, steps.csv, kernels.csv, comparison.csv, cache.csv, report.txt. A part or row already
+tests.txt, calibration.json, steps.csv, kernels.csv, comparison.csv, probes.csv, report.txt. A part or row already
 there is skipped, so the same command run again goes on where the last one stopped. Exit code 0 when
 every part is done, 10 when parts remain, 2 on bad usage or a missing dependency.
 
@@ -105,8 +106,8 @@ from torch import nn  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
 from accuracy import bare_roofline_seconds  # noqa: E402
-from gpu_cache import CACHE_COLUMNS, l2_bytes_of, measure_cache  # noqa: E402
-from gpu_cache import summary as cache_summary  # noqa: E402
+from gpu_probes import PROBE_COLUMNS, l2_bytes_of, measure_probes  # noqa: E402
+from gpu_probes import summary as probe_summary  # noqa: E402
 from groundtruth_models import (  # noqa: E402
     EXAMPLES,  # noqa: F401 - the examples' specs, for tests
     ModelSpec,
@@ -148,7 +149,7 @@ PRECISION_NOTES = {
             "models whose ModelSpec.precisions name it",
 }
 AUTOCAST = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
-PARTS = ("tests", "calibration", "steps", "compare", "cache")
+PARTS = ("tests", "calibration", "steps", "compare", "probes")
 EXIT_MORE = 10
 """Exit code when parts remain: run the same command again."""
 OOM_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),)
@@ -173,9 +174,9 @@ class Settings:
 
 
 REAL = Settings(warm_steps=3, min_timed_steps=5, max_timed_steps=20, min_timed_s=0.6,
-                estimate_s={"tests": 120.0, "calibration": 300.0, "row": 20.0, "compare": 4.0, "cache": 30.0})
+                estimate_s={"tests": 120.0, "calibration": 300.0, "row": 20.0, "compare": 4.0, "probes": 40.0})
 DRY = Settings(warm_steps=1, min_timed_steps=3, max_timed_steps=3, min_timed_s=0.0,
-               estimate_s={"tests": 30.0, "calibration": 20.0, "row": 2.0, "compare": 1.0, "cache": 2.0})
+               estimate_s={"tests": 30.0, "calibration": 20.0, "row": 2.0, "compare": 1.0, "probes": 2.0})
 DRY_GPU_ID = "h100-sxm"
 """The database GPU a dry run's predictions are made for (its measurements are this CPU's: the errors
 mean nothing; the plumbing is what a dry run checks)."""
@@ -286,7 +287,7 @@ CUDA context (compare with device_used). error = predicted / measured - 1. measu
 num_alloc_retries (cache releases after a failed cudaMalloc); predicted_alloc_flushes: the capped re-play's in
 two steps (0 where the GPU holds the unhindered reserve)."""
 FILES = ("environment.json", "progress.json", "tests.txt", "calibration.json", "steps.csv", "kernels.csv",
-         "comparison.csv", "cache.csv", "report.txt")
+         "comparison.csv", "probes.csv", "report.txt")
 """Everything a run writes: 9 flat files, what one device command can send back."""
 
 
@@ -317,9 +318,9 @@ class CsvTable:
                                  "it was written by another version: use another --out")
             rows = list(reader)
         whole = [r for r in rows if None not in r.values() and None not in r]
-        if older:  # written before the last columns were added: they stay empty
+        if older:  # written before the last columns were added: they read empty (append rewrites the file)
             whole = [r | {c: "" for c in self.columns[len(found):]} for r in whole]
-        if len(whole) != len(rows) or older:  # a torn row, or the older header: rewrite the file
+        if len(whole) != len(rows):  # a torn row: rewrite the file without it
             self._rewrite(whole)
         return whole
 
@@ -328,6 +329,11 @@ class CsvTable:
         write_atomically(self.path, text)
 
     def append(self, rows: list[dict[str, Any]]) -> None:
+        if self.path.is_file():
+            with self.path.open(newline="", encoding="utf-8") as handle:
+                header = next(csv.reader(handle), None)
+            if header is not None and tuple(header) != self.columns:  # the older header: its rows first
+                self._rewrite(self.rows())
         new = not self.path.is_file()
         with self.path.open("a", newline="", encoding="utf-8") as handle:
             handle.write(_csv_text(self.columns, rows, header=new))
@@ -829,8 +835,8 @@ class Run:
         return CsvTable(self.out / "comparison.csv", COMPARISON_COLUMNS)
 
     @property
-    def cache(self) -> CsvTable:
-        return CsvTable(self.out / "cache.csv", CACHE_COLUMNS)
+    def probes(self) -> CsvTable:
+        return CsvTable(self.out / "probes.csv", PROBE_COLUMNS)
 
     def environment(self) -> dict[str, Any]:
         return json.loads((self.out / "environment.json").read_text(encoding="utf-8"))
@@ -1320,19 +1326,19 @@ def _compare_finished(run: Run, rows: int) -> bool:
     return finished
 
 
-def part_cache(run: Run) -> bool:
-    """The L2 measurements of benchmarks/gpu_cache.py into cache.csv (all of them in one unit: about 30 s)."""
-    if run.part_state("cache").get("status") == "done":
+def part_probes(run: Run) -> bool:
+    """The kernels of benchmarks/gpu_probes.py timed alone into probes.csv (in one unit: about 40 s)."""
+    if run.part_state("probes").get("status") == "done":
         return True
-    if not run.may_start(run.settings.estimate_s["cache"]):
+    if not run.may_start(run.settings.estimate_s["probes"]):
         return False
     started = time.perf_counter()
     device = run.device()
     device.clear()
-    rows = measure_cache(device.torch_device, run.dry)
-    write_atomically(run.cache.path, _csv_text(CACHE_COLUMNS, rows, header=True))
+    rows = measure_probes(device.torch_device, run.dry, run.environment()["gpu_id"])
+    write_atomically(run.probes.path, _csv_text(PROBE_COLUMNS, rows, header=True))
     run.units += 1
-    run.save_part("cache", status="done", seconds=time.perf_counter() - started, rows=len(rows),
+    run.save_part("probes", status="done", seconds=time.perf_counter() - started, rows=len(rows),
                   l2_bytes=l2_bytes_of(device.torch_device))
     return True
 
@@ -1373,9 +1379,9 @@ def report(run: Run) -> str:
         statuses[row["status"]] += 1
     lines.append(f"steps.csv: {len(steps)} rows ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))}); "
                  f"kernels.csv: {len(run.kernels.rows())} rows")
-    cache = run.cache.rows()
-    if cache:
-        lines += ["", *cache_summary(cache, progress.get("cache", {}).get("l2_bytes"))]
+    probes = run.probes.rows()
+    if probes:
+        lines += ["", *probe_summary(probes, progress.get("probes", {}).get("l2_bytes"), environment["gpu_id"])]
     rows = run.comparison.rows()
     if not rows:
         lines.append("no predictions yet (part compare)")
@@ -1458,7 +1464,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpu_groundtruth.py", description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="auto",
                         help="auto (the next unfinished parts, default), tests, calibration, steps, "
-                             "steps:MODEL[,MODEL], compare, cache, or report (print the table)")
+                             "steps:MODEL[,MODEL], compare, probes, or report (print the table)")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start no unit of work that would end after this many seconds (default 420; 0: none)")
     parser.add_argument("--out", type=Path, help="results folder (default: benchmarks/results/groundtruth/"
@@ -1474,8 +1480,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bundle-deps", action="store_true",
                         help=f"copy {', '.join(BUNDLE)} from this Python into .deps/ (carried to a GPU machine)")
     args = parser.parse_args(argv)
-    if not re.fullmatch(r"auto|tests|calibration|steps(:[\w,.-]+)?|compare|cache|report", args.part):
-        parser.error(f"--part: expected auto, tests, calibration, steps[:MODEL,...], compare, cache or report, "
+    if not re.fullmatch(r"auto|tests|calibration|steps(:[\w,.-]+)?|compare|probes|report", args.part):
+        parser.error(f"--part: expected auto, tests, calibration, steps[:MODEL,...], compare, probes or report, "
                      f"got {args.part!r}")
     return args
 
@@ -1526,7 +1532,7 @@ def _main(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)  # a shared CI machine: no stalls of threads waiting on each other
     db = load_hwdb([], include_user_layers=False)
     gc.freeze()  # the imports' objects: gc.collect() between rows then takes microseconds, not 0.2 s
-    needs_device = args.part in ("auto", "tests", "calibration", "cache") or args.part.startswith("steps")
+    needs_device = args.part in ("auto", "tests", "calibration", "probes") or args.part.startswith("steps")
     out = open_folder(args, db, needs_device)
     run = Run(out, args.dry_run, DRY if args.dry_run else REAL, specs, args.budget_s or None, time.perf_counter(),
               args.export)
@@ -1560,8 +1566,8 @@ def _do_parts(run: Run, args: argparse.Namespace, db: HardwareDB) -> bool:
         return part_steps(run, {s.name for s in run.specs} if ":" in part else None)
     if part == "compare":
         return part_compare(run, db)
-    if part == "cache":
-        return part_cache(run)
+    if part == "probes":
+        return part_probes(run)
     for name, action in (("tests", lambda: part_tests(run)), ("calibration", lambda: part_calibration(run, db))):
         if run.part_state(name).get("status") == "done":
             continue
@@ -1571,7 +1577,7 @@ def _do_parts(run: Run, args: argparse.Namespace, db: HardwareDB) -> bool:
         run.units += 1
     if not part_steps(run, None):
         return False
-    return part_compare(run, db) and part_cache(run)
+    return part_compare(run, db) and part_probes(run)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""What a GPU's L2 does for the ops of a training step (issue #28), measured: the `cache` part of
-benchmarks/gpu_groundtruth.py.
+"""Kernels of a training step timed alone on a GPU, where the time model rests on assumptions no GPU has
+checked (issue #28): the `probes` part of benchmarks/gpu_groundtruth.py. Each kernel is timed with CUDA
+events after a spin kernel (so the host's issuing is not timed), the median of REPEATS calls.
 
-Two kinds of kernel, each timed alone with CUDA events at tensor sizes from well inside the L2 to well
-beyond it, twice: `hot`, right after another kernel wrote its input (a training step's producer and
-consumer), and `cold`, after a read of a buffer CACHE_FLUSH_OVER_L2 times the L2 evicted it.
+What the L2 does, at tensor sizes from well inside it to well beyond, twice: `hot`, right after another
+kernel wrote the input (a training step's producer and consumer), and `cold`, after a read of a buffer
+CACHE_FLUSH_OVER_L2 times the L2 evicted it:
 
 - `reuse`: z = y + 1 on fp32 tensors. The time model (advisor/estimate/step.py, cached_reads) reads y from
   L2 when the traffic since y was made fits the L2, at L2_OVER_DRAM times the DRAM bandwidth: hot / cold =
@@ -15,6 +16,11 @@ consumer), and `cold`, after a read of a buffer CACHE_FLUSH_OVER_L2 times the L2
   The per-block rate hot and cold says whether a block's latency-bound loop runs faster on L2-resident
   data, as the RTX 4090's channels-first EfficientNet and ResNet rows suggest (published-throughput-newer,
   NIKOLASENT_2025: 1.5x an RTX 3090 with 1.08x its bandwidth).
+
+And `thin_gemm`: the products of a LoRA adapter (tokens x hidden @ hidden x rank, its transposes in the
+backward, rank x out), bf16, cold: bandwidth-bound with a few tiles. The time model charges them the bytes at
+the sustained bandwidth, the tile quantization slowing only their math (step._compute_seconds); `predicted`
+is its time for the same call on this GPU id (hwdb's, with the family's default calibration).
 
 On a CPU (the harness's dry run) the same code runs with host timers and tiny sizes: the plumbing only.
 """
@@ -30,7 +36,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-CACHE_COLUMNS = ("kind", "dtype", "bytes", "elements", "channels", "state", "seconds", "repeats")
+PROBE_COLUMNS = ("kind", "dtype", "bytes", "elements", "channels", "shape", "state", "seconds", "predicted_s",
+                 "repeats")
 CACHE_FLUSH_OVER_L2 = 4
 """The cold state's eviction buffer, in L2 sizes (a read of it leaves none of the input in L2)."""
 REUSE_MB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -42,6 +49,11 @@ REPEATS = 15
 SPIN_CYCLES = 2_000_000
 """A spin kernel before each timed one (about 1 ms at 2 GHz), longer than the host takes to issue it (autograd's
 backward included)."""
+THIN_GEMMS = ((4096, 32, 4096), (4096, 4096, 32), (32, 4096, 4096), (4096, 32, 14336), (4096, 14336, 32),
+              (4096, 16, 4096), (4096, 64, 4096), (8192, 32, 4096))
+"""(m, n, k) of the thin products: a rank-32 adapter on 4,096 tokens of a 4,096-wide model (x @ A, (xA) @ B,
+the weight gradient's A^T-shaped product), on the 14,336-wide MLP, ranks 16 and 64, 8,192 tokens."""
+DRY_THIN_GEMMS = ((64, 4, 64), (64, 64, 4))
 DRY_REUSE_BYTES = (4096, 65536)
 DRY_BN_BATCHES = (1, 2)
 DRY_BN_SHAPE = (4, 8, 8)
@@ -87,9 +99,9 @@ def l2_bytes_of(device: torch.device) -> int:
     return 2**20
 
 
-def measure_cache(device: torch.device, dry: bool) -> list[dict[str, Any]]:
-    """Every row of cache.csv (CACHE_COLUMNS) on `device`: reuse at each size, batch norm forward and backward
-    at each batch, fp32 and bf16, hot and cold."""
+def measure_probes(device: torch.device, dry: bool, gpu_id: str | None = None) -> list[dict[str, Any]]:
+    """Every row of probes.csv (PROBE_COLUMNS) on `device`: reuse at each size, batch norm forward and backward
+    at each batch, fp32 and bf16, hot and cold; the thin GEMMs."""
     bench = Bench(device, l2_bytes_of(device), DRY_REPEATS if dry else REPEATS)
     flush = torch.ones(CACHE_FLUSH_OVER_L2 * bench.l2_bytes // 4, device=device)
     rows = []
@@ -98,7 +110,40 @@ def measure_cache(device: torch.device, dry: bool) -> list[dict[str, Any]]:
     for dtype in (torch.float32, torch.bfloat16):
         for batch in DRY_BN_BATCHES if dry else BN_BATCHES:
             rows += batch_norm_rows(bench, (batch, *(DRY_BN_SHAPE if dry else BN_SHAPE)), dtype, flush)
+    for shape in DRY_THIN_GEMMS if dry else THIN_GEMMS:
+        row = thin_gemm_row(bench, shape, flush)
+        rows.append(row | {"predicted_s": predicted_gemm_seconds(row["shape"], gpu_id) if gpu_id else None})
     return rows
+
+
+def thin_gemm_row(bench: Bench, shape: tuple[int, int, int], flush: torch.Tensor) -> dict[str, Any]:
+    """One bf16 product of `shape` (m, n, k), its operands evicted from L2 before each call."""
+    m, n, k = shape
+    a = torch.randn(m, k, device=bench.device, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=bench.device, dtype=torch.bfloat16)
+    out = torch.empty(m, n, device=bench.device, dtype=torch.bfloat16)
+    seconds = bench.time(_evict(flush), lambda: torch.mm(a, b, out=out))
+    return {"kind": "thin_gemm", "dtype": "bf16", "bytes": 2 * (m * k + k * n + m * n), "elements": m * n,
+            "channels": 0, "shape": f"{m}x{n}x{k}", "state": "cold", "seconds": seconds, "repeats": bench.repeats}
+
+
+def predicted_gemm_seconds(shape: str, gpu_id: str) -> float | None:
+    """The time model's seconds for one bf16 product of `shape` ("MxNxK") on database GPU `gpu_id`, under
+    amp-bf16 with its family's default calibration (None when the GPU is not in the database)."""
+    from advisor.calibration.reference import load_families
+    from advisor.estimate.step import kernel_seconds
+    from advisor.estimate.targets import database_targets
+    from advisor.hardware.loader import load_hwdb
+    from advisor.profile.trace import OpRecord
+
+    db = load_hwdb([], include_user_layers=False)
+    if not db.has(gpu_id):
+        return None
+    m, n, k = (int(v) for v in shape.split("x"))
+    record = OpRecord("forward", "probe", "mm", 2.0 * m * n * k, 2 * (m * k + k * n), 2 * m * n, ("bfloat16",), True,
+                      True, (1, m, n, k))
+    target = database_targets(db, [db.gpu(gpu_id)], load_families(db))[0]
+    return kernel_seconds([record], "amp-bf16", target.device)[0]
 
 
 def _evict(flush: torch.Tensor) -> Callable[[], Any]:
@@ -112,7 +157,7 @@ def reuse_rows(bench: Bench, size: int, flush: torch.Tensor) -> list[dict[str, A
     x = torch.ones_like(y)
     hot = bench.time(lambda: torch.mul(x, 2, out=y), lambda: torch.add(y, 1, out=z))
     cold = bench.time(_evict(flush), lambda: torch.add(y, 1, out=z))
-    common = {"kind": "reuse", "dtype": "fp32", "bytes": size, "elements": y.numel(), "channels": 0,
+    common = {"kind": "reuse", "dtype": "fp32", "bytes": size, "elements": y.numel(), "channels": 0, "shape": "",
               "repeats": bench.repeats}
     return [common | {"state": "hot", "seconds": hot}, common | {"state": "cold", "seconds": cold}]
 
@@ -131,7 +176,7 @@ def batch_norm_rows(bench: Bench, shape: tuple[int, ...], dtype: torch.dtype,
     rows = []
     name = "fp32" if dtype == torch.float32 else "bf16"
     common = {"dtype": name, "bytes": x.numel() * x.element_size(), "elements": x.numel(), "channels": channels,
-              "repeats": bench.repeats}
+              "shape": "x".join(map(str, shape)), "repeats": bench.repeats}
 
     def rewrite() -> None:  # through .data: the saved input's version stays, its bytes are written anew
         x.data.mul_(1.0)
@@ -152,9 +197,10 @@ def batch_norm_rows(bench: Bench, shape: tuple[int, ...], dtype: torch.dtype,
     return rows
 
 
-def summary(rows: list[dict[str, Any]], l2_bytes: int | None) -> list[str]:
+def summary(rows: list[dict[str, Any]], l2_bytes: int | None, gpu_id: str | None = None) -> list[str]:
     """The measurements as text: per size, hot / cold and what the time model says of it; per batch norm,
-    the per-block element rate hot and cold (the model's: BATCH_NORM_BLOCK_ELEMENTS_PER_S)."""
+    the per-block element rate hot and cold (the model's: BATCH_NORM_BLOCK_ELEMENTS_PER_S); per thin GEMM,
+    its time beside the time model's for `gpu_id`."""
     from advisor.estimate.ops import BATCH_NORM_BLOCK_ELEMENTS_PER_S, BATCH_NORM_CHANNEL_PASSES
     from advisor.estimate.step import L2_OVER_DRAM
 
@@ -185,4 +231,13 @@ def summary(rows: list[dict[str, Any]], l2_bytes: int | None) -> list[str]:
                 per_block = passes * int(row["elements"]) / int(row["channels"])
                 lines.append(f"  {kind:<11} {dtype} {size / 2**20:8.2f} MiB  hot {per_block / hot:9.3g}  "
                              f"cold {per_block / cold:9.3g}  hot/cold {hot / cold:5.2f}")
+    thin = [r for r in rows if r["kind"] == "thin_gemm"]
+    if thin:
+        lines.append(f"thin GEMMs, bf16, operands from DRAM: measured, the time model's for {gpu_id or '?'}")
+    for row in thin:  # predicted again: the current time model's
+        seconds = float(row["seconds"])
+        predicted = predicted_gemm_seconds(row["shape"], gpu_id) if gpu_id else None
+        rate = f"{int(row['bytes']) / seconds / 1e9:7.1f} GB/s"
+        model = "-" if predicted is None else f"{predicted * 1e6:8.1f} us ({predicted / seconds - 1:+.0%})"
+        lines.append(f"  {row['shape']:<16} {seconds * 1e6:8.1f} us  {rate}  model {model}")
     return lines

@@ -71,21 +71,27 @@ def test_dry_run_writes_every_file_with_its_columns(dry_run: tuple[Path, str]) -
     progress = json.loads((out / "progress.json").read_text())["parts"]
     assert {part: progress[part]["status"] for part in gt.PARTS} == dict.fromkeys(gt.PARTS, "done")
     for name, columns in (("steps.csv", gt.STEP_COLUMNS), ("kernels.csv", gt.KERNEL_COLUMNS),
-                          ("comparison.csv", gt.COMPARISON_COLUMNS), ("cache.csv", gt.CACHE_COLUMNS)):
+                          ("comparison.csv", gt.COMPARISON_COLUMNS), ("probes.csv", gt.PROBE_COLUMNS)):
         with (out / name).open() as handle:
             assert tuple(next(csv.reader(handle))) == columns, name
     assert "median |error| step time, ours" in printed and "bare roofline" in printed
 
 
-def test_dry_run_times_the_cache_probes_hot_and_cold(dry_run: tuple[Path, str]) -> None:
+def test_dry_run_times_the_probes_with_the_time_models_thin_gemms_beside(dry_run: tuple[Path, str]) -> None:
     out, printed = dry_run
-    cache = read(out / "cache.csv")
-    # reuse at 2 sizes, batch norm forward and backward at 2 batches in 2 dtypes; each hot and cold
-    assert len(cache) == 2 * (2 + 2 * 2 * 2)
-    assert {(r["kind"], r["state"]) for r in cache} == {(k, s) for k in ("reuse", "bn_forward", "bn_backward")
-                                                        for s in ("hot", "cold")}
-    assert all(positive(r, "seconds", "bytes", "elements") for r in cache)
+    probes = read(out / "probes.csv")
+    # reuse at 2 sizes, batch norm forward and backward at 2 batches in 2 dtypes, each hot and cold; 2 GEMMs
+    assert len(probes) == 2 * (2 + 2 * 2 * 2) + 2
+    cached = [r for r in probes if r["kind"] != "thin_gemm"]
+    assert {(r["kind"], r["state"]) for r in cached} == {(k, s) for k in ("reuse", "bn_forward", "bn_backward")
+                                                         for s in ("hot", "cold")}
+    assert all(positive(r, "seconds", "bytes", "elements") for r in probes)
+    thin = [r for r in probes if r["kind"] == "thin_gemm"]
+    # 64x4 @ 4x64 in bf16: a, b and the product, 2 * (64*64 + 64*4 + 64*4) = 9,216 bytes
+    assert [(r["shape"], int(r["bytes"])) for r in thin] == [("64x4x64", 9216), ("64x64x4", 9216)]
+    assert all(positive(r, "predicted_s") for r in thin)  # predicted for the dry run's stand-in, h100-sxm
     assert "reuse (z = y + 1, fp32): hot / cold" in printed and "elements per second per block" in printed
+    assert "thin GEMMs, bf16, operands from DRAM: measured, the time model's for h100-sxm" in printed
 
 
 def test_dry_run_rows_hold_positive_numbers(dry_run: tuple[Path, str]) -> None:
@@ -160,11 +166,11 @@ def test_a_real_runs_profile_installs_where_the_loader_reads_it(dry_run: tuple[P
 def test_a_second_run_skips_what_is_done_and_measures_a_torn_row_again(dry_run: tuple[Path, str]) -> None:
     out, _ = dry_run
     kept = {name: (out / name).read_bytes() for name in ("tests.txt", "calibration.json", "steps.csv",
-                                                        "kernels.csv", "comparison.csv", "cache.csv")}
+                                                        "kernels.csv", "comparison.csv", "probes.csv")}
     _main(["--dry-run", "--out", str(out), "--models", MODELS], expected=0)
     assert {name: (out / name).read_bytes() for name in kept} == kept
     commands = json.loads((out / "progress.json").read_text())["commands"]
-    # tests, calibration, rows, predictions, the cache probes
+    # tests, calibration, rows, predictions, the probes
     assert [c["units"] for c in commands][-2:] == [2 + 40 + 40 + 1, 0]
     # a command killed while writing its last row leaves half a line: it is dropped and measured again
     steps = (out / "steps.csv").read_text()
@@ -341,14 +347,16 @@ def test_the_padded_long_sequence_llm_makes_attention_compute_every_score() -> N
 
 
 def test_a_csv_written_before_columns_were_added_reads_with_them_empty(tmp_path: Path) -> None:
-    # steps.csv of the 2026-11-27 H100 run has no alloc_retries: read (and rewritten) with it empty; a file
-    # whose columns differ otherwise is another version's
+    # steps.csv of the 2026-11-27 H100 run has no alloc_retries: read with it empty (the file left as it is:
+    # accuracy.py --part gpu reads the repository's runs), rewritten when a row is added; a file whose
+    # columns differ otherwise is another version's
     path = tmp_path / "steps.csv"
     path.write_text("a,b\n1,2\n")
     table = gt.CsvTable(path, ("a", "b", "c"))
     assert table.rows() == [{"a": "1", "b": "2", "c": ""}]
-    assert path.read_text().splitlines()[0] == "a,b,c"
+    assert path.read_text() == "a,b\n1,2\n"
     table.append([{"a": 3, "b": 4, "c": 5}])
+    assert path.read_text().splitlines()[0] == "a,b,c"
     assert [r["c"] for r in table.rows()] == ["", "5"]
     path.write_text("a,x\n1,2\n")
     with pytest.raises(gt.UsageError):
