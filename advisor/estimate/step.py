@@ -295,11 +295,11 @@ class _OpTimer:
         return seconds
 
     def _device_time(self, record: OpRecord, cached: int = 0) -> tuple[OpClass, float, float, float]:
-        """(class, compute, memory, layout transposes) seconds of one op on the device; `cached` bytes of a
-        memory op's traffic come from L2 (L2_OVER_DRAM)."""
+        """(class, compute, memory, layout transposes) seconds of one op on the device; `cached` bytes of its
+        traffic come from L2 (L2_OVER_DRAM): its bytes count as the DRAM bytes that take as long."""
         kind = classify(record, self.precision, cuda=self.device.kind == "gpu")
         moved = moved_bytes(record, kind)
-        if cached and moved:  # L2's reads as DRAM bytes that take as long
+        if cached and moved:  # a compute op's `moved` may be a share of its recorded bytes (ops.moved_bytes)
             moved = round(moved * _cached_scale(cached, moved if not kind.compute else
                                                 record.bytes_read + record.bytes_written))
         if kind.compute and self.device.kind == "gpu" and record.op in FUSED_ATTENTION and record.gemm:
@@ -565,7 +565,7 @@ def _aligned_for_fusion(chunks: list[tuple[list[OpRecord], int]]) -> list[tuple[
 L2_OVER_DRAM = 2.5
 """Bandwidth of reads a GPU's L2 serves over its DRAM's (HBM or GDDR). An assumption, the middle of the 2-3x
 that calibration/quality.py takes for Ampere and Hopper (its gate allows up to GPU_CACHE_OVER_DRAM); the
-ground truth's `cache` part (benchmarks/gpu_cache.py) measures it on a lent GPU: hot / cold of a read right
+ground truth's `probes` part (benchmarks/gpu_probes.py) measures it on a lent GPU: hot / cold of a read right
 after the value was made against one from DRAM, 0.5 + 0.5 / L2_OVER_DRAM where it fits."""
 
 
