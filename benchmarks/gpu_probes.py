@@ -27,6 +27,7 @@ On a CPU (the harness's dry run) the same code runs with host timers and tiny si
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -127,23 +128,33 @@ def thin_gemm_row(bench: Bench, shape: tuple[int, int, int], flush: torch.Tensor
             "channels": 0, "shape": f"{m}x{n}x{k}", "state": "cold", "seconds": seconds, "repeats": bench.repeats}
 
 
-def predicted_gemm_seconds(shape: str, gpu_id: str) -> float | None:
-    """The time model's seconds for one bf16 product of `shape` ("MxNxK") on database GPU `gpu_id`, under
-    amp-bf16 with its family's default calibration (None when the GPU is not in the database)."""
+@functools.lru_cache(maxsize=None)
+def _database_device(gpu_id: str) -> Any:
+    """The time model's DeviceModel of database GPU `gpu_id` with its family's default calibration (None when
+    the GPU is not in the database): the database loaded once, not per product."""
     from advisor.calibration.reference import load_families
-    from advisor.estimate.step import kernel_seconds
     from advisor.estimate.targets import database_targets
     from advisor.hardware.loader import load_hwdb
-    from advisor.profile.trace import OpRecord
 
     db = load_hwdb([], include_user_layers=False)
     if not db.has(gpu_id):
         return None
+    return database_targets(db, [db.gpu(gpu_id)], load_families(db))[0].device
+
+
+def predicted_gemm_seconds(shape: str, gpu_id: str) -> float | None:
+    """The time model's seconds for one bf16 product of `shape` ("MxNxK") on database GPU `gpu_id`, under
+    amp-bf16 with its family's default calibration (None when the GPU is not in the database)."""
+    from advisor.estimate.step import kernel_seconds
+    from advisor.profile.trace import OpRecord
+
+    device = _database_device(gpu_id)
+    if device is None:
+        return None
     m, n, k = (int(v) for v in shape.split("x"))
     record = OpRecord("forward", "probe", "mm", 2.0 * m * n * k, 2 * (m * k + k * n), 2 * m * n, ("bfloat16",), True,
                       True, (1, m, n, k))
-    target = database_targets(db, [db.gpu(gpu_id)], load_families(db))[0]
-    return kernel_seconds([record], "amp-bf16", target.device)[0]
+    return kernel_seconds([record], "amp-bf16", device)[0]
 
 
 def _evict(flush: torch.Tensor) -> Callable[[], Any]:

@@ -623,7 +623,6 @@ class _Clock:
         self.by_bound = dict.fromkeys(BOUNDS, 0.0)
         self.ops: list[OpTime] = []
         self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, float]] = {}
-        self.cached: dict[tuple, list[int]] = {}
         self.read_back = False
         """Whether a queued op read a value back (OpRecord.synchronizes): the host waited for the device."""
 
@@ -645,11 +644,7 @@ class _Clock:
         capacity = self.timer.device.l2_cache_bytes
         if not self.queued or self.compiled or not capacity:
             return None
-        key = (id(records), id(before), capacity)
-        found = self.cached.get(key)
-        if found is None:
-            found = self.cached[key] = cached_reads(records, before, capacity)
-        return found
+        return cached_reads(records, before, capacity)
 
     def run(self, records: Sequence[OpRecord], cached: Sequence[int] | None = None) -> None:
         """Run `records` in order; `cached`: the bytes of each one's traffic L2 serves (cached_reads)."""
