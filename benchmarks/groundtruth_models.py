@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from accuracy import channels_last
+from newer_rows import ULT_SAMPLE_TOKENS
 from zoo import ZOO, VGG16, BasicBlock, DenseNet121, EfficientNet, ModelParts, ResNet, classification_loss, example, images
 
 from advisor.profile.model_file import builtin_examples, load_model_file
@@ -279,12 +280,6 @@ def _hf_llama_long_padded(dry: bool) -> ModelParts:
         return {**inputs, "attention_mask": mask}
 
     return build, padded_input, loss
-
-
-ULT_SAMPLE_TOKENS = 160
-"""Tokens of one ARC question with its answer in universal-llm-trainer's templates, about (its mask's ones;
-every position after them is padding). Any count below 8,192 makes the mask non-trivial; the kernels run
-the same work whatever it is."""
 
 
 LONG_SEQ_LEN = 8192

@@ -394,17 +394,63 @@ def torchtune(row: dict[str, str]) -> PlanRun | str:
                    base_weights="nf4-dq" if method == "qlora" else None, **common)
 
 
+ULT_SAMPLE_TOKENS = 160
+"""Tokens of one ARC question with its answer in universal-llm-trainer's templates, about: the ones of the
+attention mask its GPU test kept (every position after them is padding). Any count below the sequence
+length makes the mask non-trivial; the kernels run the same work whatever it is (groundtruth_models.py's
+hf_llama_1b_ckpt_padded measures the recipe on a GPU)."""
+
+PADDED_MODEL_DIR = Path(__file__).resolve().parent / "results" / "padded_models"
+"""Where padded_model_file writes its model files (written again by every run; the trace cache keys them
+by content)."""
+
+PADDED_MODEL_FILE = '''"""{spec} fed as universal-llm-trainer's GPU test fed it: random token ids over every position
+and the attention mask of the sample it loaded, {kept} ones and zeros after them (written by
+benchmarks/newer_rows.py, padded_model_file)."""
+
+from advisor.profile import hub
+
+CONFIG = hub.resolve_config("{spec}")
+SEQ_LEN = hub.default_seq_len(CONFIG.config)
+build_model = hub.build_function(CONFIG)
+loss_fn = hub.model_loss
+_tokens = hub.input_function(CONFIG.config)
+
+
+def example_input(batch_size, seq_len=None):
+    inputs = _tokens(batch_size, seq_len)
+    mask = inputs["input_ids"].new_zeros(inputs["input_ids"].shape)
+    mask[:, :{kept}] = 1
+    return {{**inputs, "attention_mask": mask}}
+'''
+
+
+def padded_model_file(spec: str, kept: int = ULT_SAMPLE_TOKENS) -> str:
+    """A model file (its path) of the `hf:` model `spec` whose inputs carry a padding mask that keeps the
+    first `kept` tokens: transformers then hands scaled_dot_product_attention a 4-D mask, which flash
+    attention does not take."""
+    PADDED_MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    path = PADDED_MODEL_DIR / f"{spec.split('/')[-1]}-padded.py"
+    text = PADDED_MODEL_FILE.format(spec=spec, kept=kept)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return str(path)
+
+
 def universal_llm_trainer(row: dict[str, str]) -> PlanRun | str:
     """ULT_GPU_TEST: the model in bf16 (our bf16), AdamW, gradient checkpointing, batch 2 of 8,192 tokens,
     LoRA r=8 on every projection; a LoRA "step" is one micro-batch: the trainer's loop
     (ljm565/universal-llm-trainer src/trainer/trainer.py @aefdc4a) runs forward and backward per batch and
-    steps the optimizer every `gradient_accumuate_step` batches (SOURCES-newer.md left this open)."""
+    steps the optimizer every `gradient_accumuate_step` batches (SOURCES-newer.md left this open). Its
+    `--gpu_test` mode draws random ids over all 8,192 positions but keeps the loaded ARC sample's attention
+    mask (src/data_collection/qa_dataset.py __getitem__, src/trainer/trainer.py line 279): the inputs carry
+    that padding mask (padded_model_file)."""
     precision = precision_or_reason(row, "bf16")
     if precision not in PRECISIONS:
         return precision
     lora = method_of(row) == "lora"
-    return PlanRun(str(model_of(row)), precision, "adamw", int(row["batch_size_per_gpu"]), None, seq_len_of(row),
-                   True, 8 if lora else None, (ALL_LINEAR,) if lora else (),
+    return PlanRun(padded_model_file(str(model_of(row))), precision, "adamw", int(row["batch_size_per_gpu"]), None,
+                   seq_len_of(row), True, 8 if lora else None, (ALL_LINEAR,) if lora else (),
                    assumption="one micro-batch per step" if lora else "")
 
 

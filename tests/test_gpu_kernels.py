@@ -14,7 +14,9 @@ from advisor.estimate.ops import (
     ATTENTION_BACKWARD_RATE,
     ATTENTION_CAUSAL_RATE,
     FUSED_ATTENTION_FP32_EFFICIENCY,
+    MEMORY_EFFICIENT_OVER_FLASH,
     TF32_TRANSPOSED_OPERAND_EFFICIENCY,
+    attention_kernels,
     fused_attention_efficiency,
 )
 from advisor.estimate.step import DeviceModel, estimate_records
@@ -67,27 +69,74 @@ def attention(heads: int, queries: int, keys: int, head_dim: int, causal: bool =
 
 def test_fused_attention_rates_by_hand() -> None:
     bert = attention(192, 384, 384, 64)  # BERT-base at batch 16: 16 x 12 heads, 384 tokens, head dim 64
-    # cuDNN (Hopper) at head dim 64: 0.42 x 384 / (384 + 120) = 0.32
-    assert fused_attention_efficiency(bert, "bf16", "hopper") == pytest.approx(0.42 * 384 / 504)
-    # FlashAttention-2 elsewhere: 0.50 x 384 / 504
-    assert fused_attention_efficiency(bert, "bf16", "ampere") == pytest.approx(0.50 * 384 / 504)
+    # cuDNN (Hopper, compute capability 9.0) at head dim 64: 0.42 x 384 / (384 + 120) = 0.32
+    assert fused_attention_efficiency(bert, "bf16", "9.0") == pytest.approx(0.42 * 384 / 504)
+    # FlashAttention-2 elsewhere (an A100, 8.0): 0.50 x 384 / 504
+    assert fused_attention_efficiency(bert, "bf16", "8.0") == pytest.approx(0.50 * 384 / 504)
     # head dim 90 lies between 64 and 128: log2 90 = 6.4919, so 0.42 + 0.4919 x 0.20 = 0.5184
-    assert fused_attention_efficiency(attention(8, 8192, 8192, 90), "bf16", "hopper") == \
+    assert fused_attention_efficiency(attention(8, 8192, 8192, 90), "bf16", "9.0") == \
         pytest.approx(0.5184 * 8192 / (8192 + 120), rel=1e-3)
     # GPT-2's causal 1,024 tokens keep (1024 + 1) / 2048 of the keys: 512.5 per query, at 0.9 of the rate
     gpt2 = attention(96, 1024, 1024, 64, causal=True)
     expected = 0.42 * ATTENTION_CAUSAL_RATE * 512.5 / (512.5 + 120)
-    assert fused_attention_efficiency(gpt2, "bf16", "hopper") == pytest.approx(expected)
+    assert fused_attention_efficiency(gpt2, "bf16", "9.0") == pytest.approx(expected)
     backward = attention(96, 1024, 1024, 64, causal=True, backward=True)
-    assert fused_attention_efficiency(backward, "bf16", "hopper") == pytest.approx(expected * ATTENTION_BACKWARD_RATE)
-    assert fused_attention_efficiency(bert, "fp32", "hopper") == FUSED_ATTENTION_FP32_EFFICIENCY  # SIMT kernels
+    assert fused_attention_efficiency(backward, "bf16", "9.0") == pytest.approx(expected * ATTENTION_BACKWARD_RATE)
+    assert fused_attention_efficiency(bert, "fp32", "9.0") == FUSED_ATTENTION_FP32_EFFICIENCY  # SIMT kernels
+
+
+def test_pytorch_picks_the_attention_kernels_by_compute_capability_and_mask() -> None:
+    # cuDNN's where PyTorch prefers it (sm90, sm100), mask or not
+    assert [attention_kernels(cc, None, masked) for cc in ("9.0", "10.0") for masked in (False, True)] == ["cudnn"] * 4
+    # flash attention on Ampere, Ada and GeForce Blackwell (12.0), the memory-efficient kernels with a mask
+    assert [attention_kernels(cc, None, False) for cc in ("8.0", "8.6", "8.9", "12.0")] == ["flash2"] * 4
+    assert [attention_kernels(cc, None, True) for cc in ("8.0", "8.6", "8.9", "12.0")] == ["efficient"] * 4
+    # Volta and Turing run the memory-efficient kernels either way, at the rate assumed for them
+    assert attention_kernels("7.0", None, True) == attention_kernels("7.5", None, False) == "flash2"
+    # no compute capability: by architecture
+    assert attention_kernels(None, "hopper", True) == "cudnn"
+    assert attention_kernels(None, "ampere", True) == "efficient"
+
+
+def test_a_masked_attention_runs_the_memory_efficient_kernels_off_hopper() -> None:
+    # Llama at 8,192 tokens, head dim 128, with a padding mask on an A100: all 8192 keys per query at
+    # 0.70 x 0.45 = 0.315 of the peak, x 8192 / (8192 + 120); on an H100 cuDNN's 0.62
+    padded = dataclasses.replace(attention(64, 8192, 8192, 128), masked=True)
+    assert fused_attention_efficiency(padded, "bf16", "8.0") == \
+        pytest.approx(0.70 * MEMORY_EFFICIENT_OVER_FLASH * 8192 / 8312)
+    assert fused_attention_efficiency(padded, "bf16", "8.0") == pytest.approx(0.315 * 8192 / 8312)
+    assert fused_attention_efficiency(padded, "bf16", "9.0") == pytest.approx(0.62 * 8192 / 8312)
+    assert fused_attention_efficiency(padded, "fp32", "8.0") == FUSED_ATTENTION_FP32_EFFICIENCY
+
+
+class PaddedAttention(nn.Module):
+    """q, k, v from one projection, 4 heads of 8, with an explicit mask of the keys (a padding mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unflatten(-1, (4, 8)).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        keep = torch.ones(x.shape[0], 1, 1, x.shape[1], dtype=torch.bool)
+        keep[..., x.shape[1] // 2:] = False
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return out.transpose(1, 2).flatten(2)
+
+
+def test_fused_attention_records_say_whether_they_were_given_a_mask() -> None:
+    for module, masked in ((PaddedAttention(), True), (SelfAttention(0.0), False)):
+        trace = trace_training_step(lambda m=module: m, lambda batch: torch.randn(batch, 16, 32), 2, "fp32", "sgd",
+                                    attention="cuda")
+        kernels = [(r.phase, r.masked) for r in trace.records if "attention" in r.op]
+        assert kernels == [("forward", masked), ("backward", masked)]
 
 
 def test_fused_attention_takes_its_own_rate_not_a_gemms_on_a_gpu() -> None:
     # fp32 under tf32: 4*192*384*384*64 = 7,247,757,312 FLOPs at the 1 TFLOP/s fp32 peak x 0.38 = 19.07 ms
     # (the GEMM curve would give 50%: 14.5 ms); fp16 under amp: 4 TFLOP/s x 0.50 x 384/504 (flash2) = 4.756 ms
     record = attention(192, 384, 384, 64, dtype="float32")
-    gpu = DeviceModel("gpu", "gpu", profile(), architecture="ampere")
+    gpu = DeviceModel("gpu", "gpu", profile(), architecture="ampere", compute_capability="8.6")
     assert estimate_records([record], "tf32", gpu).ops[0].kernel_s == \
         pytest.approx(7_247_757_312 / (1e12 * FUSED_ATTENTION_FP32_EFFICIENCY), rel=1e-6)
     half = dataclasses.replace(record, dtypes=("float16",))

@@ -269,18 +269,31 @@ H100 (2026-11-27, benchmarks/results/groundtruth, kernels.csv; FLOPs as costs.at
 them): `fmha_cutlassF_f32` forward 0.33 (BERT-base, 384 tokens) and 0.39 (GPT-2 small, 1,024 causal),
 `fmha_cutlassB_f32` backward 0.38 and 0.42, where a GEMM of the same FLOPs reaches 0.6-0.75."""
 
+MEMORY_EFFICIENT_OVER_FLASH = 0.45
+"""The memory-efficient kernels' rate against FlashAttention-2's on the same GPU, forward and backward alike
+(16-bit, long sequences): 0.42-0.44 forward and 0.42 backward at head dimension 128 in NVIDIA's TileGym
+benchmark on a GeForce Blackwell GPU (NVIDIA/TileGym pull request #49: SDPA-MemEff 35.3 and 36.4 TFLOP/s where
+SDPA-Flash ran 79.9 and 84.4); "almost 2x slower" forward on an A40 (facebookresearch/xformers issue #1074,
+head dimension 128, 512-65,536 tokens); 0.6-0.8 forward and 0.45-0.5 backward at head dimension 64
+(Dao-AILab/flash-attention issue #416, xformers against Flash2, 4,096-8,192 tokens, causal)."""
+
 ATTENTION_KERNEL_EFFICIENCY: dict[str, tuple[tuple[int, float], ...]] = {
     "cudnn": ((64, 0.42), (128, 0.62), (256, 0.59)),
     "flash2": ((64, 0.50), (128, 0.70), (256, 0.65)),
 }
 """Forward fused attention in 16 bits on tensor cores, long sequences, no causal mask: share of the
 dense fp16/bf16 peak by head dimension (interpolated in log2 of the dimension, held beyond the ends).
-"cudnn" (PyTorch's choice on Hopper and Blackwell; the H100 ground truth ran
+"cudnn" (PyTorch's choice on Hopper and data-center Blackwell; the H100 ground truth ran
 `cudnn_generated_fort_native_sdpa_sm90_flash_*`): the plateaus of cuDNN's bars in FlashAttention-3's
 forward benchmark on an H100 SXM5 (Shah et al. 2024, fig. 5: 413, about 605 and 581 TFLOP/s of 989 at
-head dimension 64, 128 and 256). "flash2" (FlashAttention-2, PyTorch's flash kernels on Ampere and Ada;
-assumed for Volta and Turing's memory-efficient kernels): "50-73% of the theoretical maximum FLOPs/s
-on A100" (Dao 2023, abstract), the low end at head dimension 64."""
+head dimension 64, 128 and 256). "flash2" (FlashAttention-2, PyTorch's flash kernels on Ampere, Ada and
+GeForce Blackwell; assumed for Volta and Turing's memory-efficient kernels): "50-73% of the theoretical
+maximum FLOPs/s on A100" (Dao 2023, abstract), the low end at head dimension 64. "efficient" (PyTorch's
+memory-efficient CUTLASS kernels, xFormers' `cutlassF`/`cutlassB`, what runs a masked attention where
+cuDNN's is not preferred): MEMORY_EFFICIENT_OVER_FLASH of "flash2"."""
+ATTENTION_KERNEL_EFFICIENCY["efficient"] = tuple(
+    (head_dim, rate * MEMORY_EFFICIENT_OVER_FLASH) for head_dim, rate in ATTENTION_KERNEL_EFFICIENCY["flash2"])
+
 
 ATTENTION_HALF_KEYS = 120
 """Keys per query at which a fused attention kernel reaches half of its long-sequence rate: the
@@ -298,13 +311,41 @@ atomic dQ updates): GPT-2 small's cuDNN backward ran 208 TFLOP/s where its forwa
 ground truth (0.76); FlashAttention-2's paper reports the backward below the forward too."""
 
 ATTENTION_KERNELS_BY_ARCHITECTURE = {"hopper": "cudnn", "blackwell": "cudnn"}
-"""Which kernel family of ATTENTION_KERNEL_EFFICIENCY runs 16-bit fused attention; "flash2" elsewhere."""
+"""Which kernel family runs 16-bit fused attention on a GPU whose compute capability is unknown (a
+database entry without one); "flash2" elsewhere."""
+
+CUDNN_ATTENTION_MAJORS = ("9", "10")
+"""Compute capabilities (major) where PyTorch prefers cuDNN's attention to flash attention: sm90 and sm100
+(pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention, with
+cuDNN 9.15 or newer; the H100 ground truth ran cuDNN's kernels). Not GeForce and workstation Blackwell
+(12.x), which run flash attention."""
+
+FLASH_ATTENTION_MIN_CAPABILITY = 8.0
+"""Flash attention runs on sm80 and newer (sdp_utils.cpp, check_flash_attention_hardware_support); older
+GPUs run the memory-efficient kernels whatever the mask ("flash2"'s rate is assumed for them)."""
 
 
-def fused_attention_efficiency(record: OpRecord, dtype: str, architecture: str | None) -> float:
+def attention_kernels(compute_capability: str | None, architecture: str | None, masked: bool) -> str:
+    """The kernel family of ATTENTION_KERNEL_EFFICIENCY that runs a 16-bit fused attention, as PyTorch's
+    select_sdp_backend picks it: cuDNN's where it is preferred (CUDNN_ATTENTION_MAJORS; it takes a mask);
+    elsewhere flash attention, or with an explicit mask, which flash attention does not take, the
+    memory-efficient kernels (before cuDNN in the default order). Volta and Turing run the memory-efficient
+    kernels either way, at "flash2"'s assumed rate."""
+    if compute_capability is None:
+        return ATTENTION_KERNELS_BY_ARCHITECTURE.get(architecture or "", "efficient" if masked else "flash2")
+    if compute_capability.split(".")[0] in CUDNN_ATTENTION_MAJORS:
+        return "cudnn"
+    if float(compute_capability) < FLASH_ATTENTION_MIN_CAPABILITY:
+        return "flash2"
+    return "efficient" if masked else "flash2"
+
+
+def fused_attention_efficiency(record: OpRecord, dtype: str, compute_capability: str | None,
+                               architecture: str | None = None) -> float:
     """Share of the `dtype` peak a GPU's fused attention call (FUSED_ATTENTION) reaches: fp32 runs
     SIMT kernels (FUSED_ATTENTION_FP32_EFFICIENCY); 16-bit tensor-core kernels reach their family's rate
-    at the head dimension, less for short key ranges (ATTENTION_HALF_KEYS), causal masks and the backward.
+    (attention_kernels) at the head dimension, less for short key ranges (ATTENTION_HALF_KEYS), causal
+    masks and the backward.
 
     # BERT-base forward, 12 heads x 16, 384 keys, head dim 64, no mask, on an H100 (cudnn):
     # 0.42 x 384 / (384 + 120) = 0.32
@@ -313,7 +354,7 @@ def fused_attention_efficiency(record: OpRecord, dtype: str, architecture: str |
     if dtype not in ("bf16", "fp16"):
         return FUSED_ATTENTION_FP32_EFFICIENCY
     _, _, keys, head_dim = record.gemm
-    table = ATTENTION_KERNEL_EFFICIENCY[ATTENTION_KERNELS_BY_ARCHITECTURE.get(architecture or "", "flash2")]
+    table = ATTENTION_KERNEL_EFFICIENCY[attention_kernels(compute_capability, architecture, record.masked)]
     rate = _interpolate_log2(table, head_dim)
     kept = _kept_keys(record)
     if kept < 0.75:

@@ -104,6 +104,8 @@ class DeviceModel:
     batch norms: calibration/shapes.py), by shapes.call_key; they replace the calibrated curves for those calls."""
     l2_cache_bytes: int | None = None
     """A GPU's L2 cache (bytes): values an op reads soon after another made them come from it (cached_reads)."""
+    compute_capability: str | None = None
+    """A GPU's CUDA compute capability ("9.0"): which fused attention kernels PyTorch runs on it."""
 
     def __post_init__(self) -> None:
         assert self.kind in ("gpu", "cpu"), self.kind
@@ -115,10 +117,12 @@ class DeviceModel:
         """A GPU timed with `profile`: its database entry's SM count, compute capability and L2 size (else
         `sm_count`, `compute_capability` and `l2_cache_bytes`, what torch.cuda reports of a local GPU the
         database lacks), architecture and boost clock (None where the GPU is not in the database)."""
+        capability = spec.compute_capability if spec and spec.compute_capability else compute_capability
         return cls(device_id, "gpu", profile, spec.sm_count if spec else sm_count,
                    spec.architecture if spec else None, spec.boost_clock_hz if spec else None,
-                   max_threads_per_sm(spec.compute_capability if spec else compute_capability),
-                   l2_cache_bytes=spec.l2_cache_bytes if spec and spec.l2_cache_bytes else l2_cache_bytes)
+                   max_threads_per_sm(capability),
+                   l2_cache_bytes=spec.l2_cache_bytes if spec and spec.l2_cache_bytes else l2_cache_bytes,
+                   compute_capability=capability)
 
 
 @dataclass(slots=True)
@@ -346,7 +350,8 @@ class _OpTimer:
         dtype = kind.dtype if self._on_tensor_cores(kind) else "fp32"
         series = _series(self.profile, "gemm", dtype)
         peak = self.fp32_peak if dtype == "fp32" else series.peak
-        rate = peak * fused_attention_efficiency(record, dtype, self.device.architecture)
+        rate = peak * fused_attention_efficiency(record, dtype, self.device.compute_capability,
+                                                 self.device.architecture)
         dropout = attention_dropout_seconds(record, self.device.sm_count, self.device.clock_hz, self.fp32_peak)
         return record.flops / rate + dropout + series.fit.curve.param("tau_half_s")
 

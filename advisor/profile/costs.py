@@ -49,6 +49,9 @@ class OpCost:
     gradient (see transposed_operands)."""
     norm: NormGeometry | None = None
     """A batch norm's (or its backward's) channels and memory layout: how its reductions split over a GPU."""
+    masked: bool = False
+    """A fused attention call (forward or backward) given an explicit mask (`attn_mask`, a padding mask):
+    flash attention takes none, so a GPU runs another kernel family for it (estimate/ops.py)."""
 
 
 @dataclass(frozen=True)
@@ -373,6 +376,16 @@ SDPA_KERNELS = (
     "_scaled_dot_product_cudnn_attention",
 )
 """Fused attention kernels; each has a `<name>_backward` op."""
+
+
+ATTENTION_MASK_ARGUMENTS = ("attn_mask", "attn_bias")
+"""How the fused attention kernels name an explicit mask: the CPU's flash kernel `attn_mask`, CUDA's
+memory-efficient and cuDNN kernels `attn_bias` (CUDA's flash kernel takes none)."""
+
+
+def attention_masked(named: dict) -> bool:
+    """Whether a fused attention call (its named arguments) was given an explicit mask."""
+    return any(isinstance(named.get(name), torch.Tensor) for name in ATTENTION_MASK_ARGUMENTS)
 
 
 @register(*_ops(*SDPA_KERNELS), matmul=True)
@@ -742,7 +755,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     outputs = tree_flatten(out)[0]
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
-    flops, matmul, counted, gemm, conv, transposed, norm = 0.0, False, True, None, None, 0, None
+    flops, matmul, counted, gemm, conv, transposed, norm, masked = 0.0, False, True, None, None, 0, None, False
     entry = REGISTRY.get(packet) or REGISTRY.get(packet._qualified_op_name)
     if entry is not None:
         named = named_arguments(func, args, kwargs or {})
@@ -756,6 +769,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
             transposed = transposed_operands(args[operands[0]], args[operands[1]])
         norm_of = NORM_GEOMETRIES.get(packet)
         norm = None if norm_of is None else norm_of(args, named, out)
+        masked = packet.__name__.removesuffix("_backward") in SDPA_KERNELS and attention_masked(named)
     elif packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
         pass
     elif torch.Tag.pointwise in func.tags:
@@ -769,7 +783,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         written = sum(_tensor_bytes(tree_flatten(args[i])[0]) for i in written_lists)
     elif not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
         written = _tensor_bytes(tree_flatten(args[0])[0])
-    return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv, transposed, norm)
+    return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv, transposed, norm, masked)
 
 
 def _foreach_flops(args: tuple, outputs: list[Any]) -> float:

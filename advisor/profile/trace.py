@@ -137,13 +137,15 @@ class OpRecord:
     host read back without a wait and are not recorded."""
     norm: NormGeometry | None = None
     """A batch norm's channels and layout (costs.OpCost.norm)."""
+    masked: bool = False
+    """A fused attention call given an explicit mask (costs.OpCost.masked)."""
 
     def anonymous(self) -> tuple:
         """Everything but its module and dataflow, as a tuple: what the op costs depends on, and what a
         repeated block's copy of it shares (estimate/step.py, repeated.py)."""
         return (self.phase, self.op, self.flops, self.bytes_read, self.bytes_written, self.dtypes, self.matmul,
                 self.counted, self.gemm, self.allocated, self.conv, self.tensors, self.transposed, self.dropout,
-                self.synchronizes, self.norm)
+                self.synchronizes, self.norm, self.masked)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -423,7 +425,7 @@ class _Recorder(TorchDispatchMode):
                               cost.bytes_written, cost.dtypes, cost.matmul, cost.counted, cost.gemm,
                               self.memory.sizes_since(first_storage), cost.conv, _tensor_count(args),
                               transposed=cost.transposed, dropout=self._draws_dropout(func, args, kwargs, out),
-                              synchronizes=synchronizes, norm=cost.norm)
+                              synchronizes=synchronizes, norm=cost.norm, masked=cost.masked)
             records = [record]
             multi_tensor = record.tensors > 1 or record.op.startswith("_foreach_")
             self.dataflow.record(len(self.records), args, kwargs, out, func._schema.is_mutable, multi_tensor,
