@@ -71,3 +71,28 @@ def test_a_hugging_face_causal_lm_on_fake_tensors_runs_causal_attention_without_
                                 BATCH, "fp32", "adamw", lambda out, _: out.logits.float().mean(), attention="cuda")
     attention = [r for r in trace.records if r.phase == "forward" and "attention" in r.op]
     assert [r.flops for r in attention] == [270_336.0] * LAYERS
+
+
+def build_llama_with_cache() -> torch.nn.Module:
+    model = build_llama()
+    model.config.use_cache = True  # transformers' default, which a user's model file may keep
+    return model
+
+
+def padded_tokens(batch: int) -> dict[str, torch.Tensor]:
+    input_ids = torch.randint(0, 1000, (batch, SEQ))
+    attention_mask = torch.ones(batch, SEQ, dtype=torch.long)
+    attention_mask[:, 24:] = 0  # padding: transformers hands attention a [2, 1, 32, 32] mask
+    return {"input_ids": input_ids, "labels": input_ids.clone(), "attention_mask": attention_mask}
+
+
+def test_a_checkpointed_hugging_face_model_keeps_no_key_value_cache() -> None:
+    # Recomputing a layer under checkpointing would append its keys and values to the cache again: the
+    # recomputed attention would see 64 keys (and, with a mask of 32, fail). Turned off as transformers
+    # does under gradient checkpointing, the step is the one a model built with use_cache=False makes:
+    # per layer the forward's and the recompute's masked attention over every score, 2 * 524,288 FLOPs.
+    def attention_flops(build) -> list[float]:
+        trace = trace_training_step(build, padded_tokens, BATCH, "bf16", "adamw", lambda out, _: out.loss,
+                                    checkpointing=True, attention="cuda")
+        return [r.flops for r in trace.records if r.phase != "optimizer" and r.op.endswith("attention_for_cpu")]
+    assert attention_flops(build_llama_with_cache) == attention_flops(build_llama) == [524_288.0] * (2 * LAYERS)

@@ -1284,7 +1284,13 @@ def checkpoint_blocks(model: torch.nn.Module, source: str | None = None) -> tupl
     """Run the model's repeated blocks under activation checkpointing, as Hugging Face's
     `gradient_checkpointing_enable()` does per layer: every module that sits in a ModuleList or
     Sequential beside another of its class and has parameters (the outermost such ones). Without
-    any, each top-level child with parameters. Returns the checkpointed modules' names."""
+    any, each top-level child with parameters. Returns the checkpointed modules' names. A Hugging Face
+    model's key-value cache is turned off (`config.use_cache`), as transformers turns it off under gradient
+    checkpointing: a recomputed layer would append its keys and values to the cache a second time (twice
+    the keys to attend to, and with an attention mask, shapes that no longer match)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False) is True:
+        config.use_cache = False
     chosen = _repeated_blocks(model, "")
     if not chosen:
         chosen = [(name, child) for name, child in model.named_children() if _has_parameters(child)]
