@@ -29,11 +29,14 @@ def _quiet(message: str) -> None:
 
 def request_model(request: PlanRequest) -> ModelFile:
     """The request's model file (or built-in example), loaded and checked, its inputs --seq-len long
-    when the request sets one; with its batch, the micro-batch is checked as the request alone could not."""
+    when the request sets one and padded under --padding-mask; with its batch, the micro-batch is checked as
+    the request alone could not."""
     model = load_model_file(request.model)
     if request.micro_batch is not None and request.batch_size is None:
         request.check_micro_batch(model.default_batch_size)
-    return model if request.seq_len is None else model.with_seq_len(request.seq_len)
+    if request.seq_len is not None:
+        model = model.with_seq_len(request.seq_len)
+    return model.with_padding_mask() if request.padding_mask else model
 
 
 def request_gpus(request: PlanRequest, db: HardwareDB) -> list[GPUSpec]:

@@ -94,6 +94,9 @@ class PlanRequest:
     """The job in tokens (sequences of seq_len tokens) instead of samples or steps."""
     seq_len: int | None = None
     """Tokens per sample; None: the model file's SEQ_LEN (its example_input must take seq_len)."""
+    padding_mask: bool = False
+    """A model by name's batches are padded: its inputs carry an attention mask with zeros over the padding
+    (ModelFile.with_padding_mask), so attention runs masked over every position."""
     provider: str | None = None
     """Only this provider's cloud offers."""
     spot: bool = False
@@ -252,7 +255,8 @@ class PlanRequest:
 
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
                                 self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu,
-                                self.num_gpus, self.parallel, self.compiled, self.tp, self.sync_each_step)
+                                self.num_gpus, self.parallel, self.compiled, self.tp, self.sync_each_step,
+                                self.padding_mask)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""
@@ -292,7 +296,7 @@ PLAN_MODES = ("auto", "always", "never")
 """--plans: when the fit advisor searches."""
 
 TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch", "seq_len", "lora",
-                "lora_targets", "base_weights")
+                "lora_targets", "base_weights", "padding_mask")
 """The request's fields a traced step depends on; the others (devices, prices, job, budget) only
 change what is done with it."""
 

@@ -15,7 +15,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
 from advisor.profile.choices import describe_optimizer
-from advisor.profile.model_file import load_model_file
+from advisor.app.plan import request_model
 
 if TYPE_CHECKING:
     from advisor.profile.profiler import ModelProfile
@@ -46,12 +46,10 @@ def run(args: argparse.Namespace, db: HardwareDB) -> int:
     from advisor.profile.profiler import profile_model  # torch and fvcore: only once a model is profiled
 
     with user_output_to_stderr():
-        model = load_model_file(args.model)
-        if args.seq_len is not None:
-            model = model.with_seq_len(args.seq_len)
+        request = request_from_arguments(args)
+        model = request_model(request)
         progress(f"tracing a training step of {model.source} on fake tensors"
                  + ("" if args.no_fvcore else ", then fvcore's forward profile"))
-        request = request_from_arguments(args)
         precision = request.precision_for(model)
         profile = profile_model(model, args.batch_size, precision, model.resolve_optimizer(args.optimizer),
                                 with_fvcore=not args.no_fvcore, timeout_s=args.trace_timeout or None,

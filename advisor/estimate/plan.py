@@ -272,6 +272,8 @@ class EstimateSettings:
     """Tensor-parallel degree (--tp; None: every GPU of a machine under --parallel tp, else 1)."""
     sync_each_step: bool = False
     """The training loop reads a value back every step (step.LOOP_READ_BACK): the host cannot run ahead."""
+    padding_mask: bool = False
+    """The model by name's inputs carry a padding mask (--padding-mask)."""
 
     @property
     def tensor_parallel(self) -> bool:
@@ -301,6 +303,7 @@ class EstimateSettings:
             "tp": self.tp,
             "compile": self.compiled,
             "sync_each_step": self.sync_each_step,
+            "padding_mask": self.padding_mask,
             "lora": adaptation.lora_rank,
             "lora_targets": list(adaptation.lora_targets),
             "base_weights": adaptation.base_weights,

@@ -83,6 +83,8 @@ class ModelFile:
     """SHA-256 of what the model's step depends on beyond the settings: the file and the Python files
     beside it (a helper module it imports), or a named model's config and the transformers version; the
     trace cache's key (trace_cache.py). "" : not cached."""
+    padded: bool = False
+    """Its inputs carry a padding mask (with_padding_mask)."""
 
     def with_seq_len(self, seq_len: int) -> ModelFile:
         """This model file with every example input `seq_len` tokens long (--seq-len); a UserError
@@ -93,6 +95,18 @@ class ModelFile:
         example_input = self.example_input
         return dataclasses.replace(self, seq_len=seq_len,
                                    example_input=lambda batch_size: example_input(batch_size, seq_len=seq_len))
+
+    def with_padding_mask(self) -> ModelFile:
+        """This model by name with inputs that carry a padding mask (--padding-mask): the attention mask a
+        batch padded to its longest sequence has, ones over each sample's tokens and zeros over its padding
+        (PADDED_SHARE of the positions). Transformers then hands attention an explicit mask, which flash
+        attention does not take. A UserError for a model file: its example_input makes its own inputs."""
+        if not self.origin:
+            raise UserError(f"--padding-mask: {self.source} is a model file, whose example_input makes its own "
+                            "inputs; return an attention_mask with zeros over the padding from it instead")
+        example_input = self.example_input
+        return dataclasses.replace(self, padded=True,
+                                   example_input=lambda batch_size: with_padding(example_input(batch_size)))
 
     def resolve_optimizer(self, requested: str | None) -> str:
         """The optimizer to trace: `requested` (--optimizer), else the file's own when it defines one,
@@ -292,6 +306,21 @@ def _file_fingerprint(path: Path) -> str:
             return ""
         digest.update(file.name.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
+
+
+PADDED_SHARE = 0.25
+"""Of each sequence's positions, the share --padding-mask marks as padding. Attention computes every score
+whatever the share (the fused kernels skip none of them), so it changes no cost the estimate counts."""
+
+
+def with_padding(inputs: Any) -> Any:
+    """A model by name's inputs (hub.input_function: `input_ids` and `labels`) with an `attention_mask` of
+    ones over the first 1 - PADDED_SHARE of each sequence and zeros over the rest."""
+    assert isinstance(inputs, dict) and "input_ids" in inputs, type(inputs)
+    ids = inputs["input_ids"]
+    mask = ids.new_ones(ids.shape)
+    mask[:, max(1, round(ids.shape[1] * (1 - PADDED_SHARE))):] = 0
+    return {**inputs, "attention_mask": mask}
 
 
 def load_hub_model(spec: str) -> ModelFile:

@@ -151,6 +151,7 @@ class EstimateScreen(Screen):
                 yield Input(_text(request.tokens), placeholder="file's TRAIN_TOKENS", type="integer", id="tokens")
                 yield Label("Sequence length")
                 yield Input(_text(request.seq_len), placeholder="file's SEQ_LEN", type="integer", id="seq_len")
+                yield _switch_row(request.padding_mask, "padding_mask", "padded batches (hf: models)")
                 yield Label("Budget (USD)")
                 yield Input(_text(request.budget_usd), placeholder="none", type="number", id="budget")
                 yield Label("Max card price (USD)")
@@ -254,6 +255,7 @@ class EstimateScreen(Screen):
             steps=parse_number(value("steps"), int, "steps"),
             tokens=parse_number(value("tokens"), int, "tokens"),
             seq_len=parse_number(value("seq_len"), int, "sequence length"),
+            padding_mask=self.query_one("#padding_mask", Switch).value,
             provider=chosen("provider"),
             spot=self.query_one("#spot", Switch).value,
             budget_usd=parse_number(value("budget"), float, "budget"),
