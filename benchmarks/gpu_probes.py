@@ -22,6 +22,12 @@ backward, rank x out), bf16, cold: bandwidth-bound with a few tiles. The time mo
 the sustained bandwidth, the tile quantization slowing only their math (step._compute_seconds); `predicted`
 is its time for the same call on this GPU id (hwdb's, with the family's default calibration).
 
+And `attention`, `attention_backward`: bf16 scaled_dot_product_attention over [2, 16, 4,096, head dim 64 and
+128] without a mask, causal, and with a padding mask (`state`: the mask and the backend), as PyTorch picks
+the kernels (`default`) and forced to each backend (flash, efficient, cudnn; a backend that cannot run the
+call is left out). The time model's rates (ops.ATTENTION_KERNEL_EFFICIENCY, MEMORY_EFFICIENT_OVER_FLASH)
+come from published benchmarks; `predicted` is its time for the default rows.
+
 On a CPU (the harness's dry run) the same code runs with host timers and tiny sizes: the plumbing only.
 """
 
@@ -54,6 +60,12 @@ THIN_GEMMS = ((4096, 32, 4096), (4096, 4096, 32), (32, 4096, 4096), (4096, 32, 1
               (4096, 16, 4096), (4096, 64, 4096), (8192, 32, 4096))
 """(m, n, k) of the thin products: a rank-32 adapter on 4,096 tokens of a 4,096-wide model (x @ A, (xA) @ B,
 the weight gradient's A^T-shaped product), on the 14,336-wide MLP, ranks 16 and 64, 8,192 tokens."""
+ATTENTION_SHAPES = ((2, 16, 4096, 128), (2, 16, 4096, 64))
+"""(batch, heads, tokens, head dimension) of the attention probes: a 7-8B model's heads at 4,096 tokens."""
+ATTENTION_MASKS = ("none", "causal", "padding")
+ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
+"""`default`: the kernels PyTorch picks; the others forced with torch.nn.attention.sdpa_kernel."""
+DRY_ATTENTION_SHAPES = ((1, 2, 32, 16),)
 DRY_THIN_GEMMS = ((64, 4, 64), (64, 64, 4))
 DRY_REUSE_BYTES = (4096, 65536)
 DRY_BN_BATCHES = (1, 2)
@@ -114,7 +126,72 @@ def measure_probes(device: torch.device, dry: bool, gpu_id: str | None = None) -
     for shape in DRY_THIN_GEMMS if dry else THIN_GEMMS:
         row = thin_gemm_row(bench, shape, flush)
         rows.append(row | {"predicted_s": predicted_gemm_seconds(row["shape"], gpu_id) if gpu_id else None})
+    for shape in DRY_ATTENTION_SHAPES if dry else ATTENTION_SHAPES:
+        for mask in ATTENTION_MASKS:
+            for backend in ATTENTION_BACKENDS[:1] if dry else ATTENTION_BACKENDS:
+                rows += attention_rows(bench, shape, mask, backend, gpu_id)
     return rows
+
+
+def attention_rows(bench: Bench, shape: tuple[int, int, int, int], mask: str, backend: str,
+                   gpu_id: str | None) -> list[dict[str, Any]]:
+    """bf16 attention over q, k, v of `shape` (batch, heads, tokens, head dim), forward and backward, with no
+    mask, a causal one or a padding mask (a quarter of the keys masked, as --padding-mask traces it), on
+    `backend`: none when that backend cannot run the call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    batch, heads, tokens, head_dim = shape
+    dtype = torch.bfloat16 if bench.cuda else torch.float32
+    q, k, v = (torch.randn(shape, device=bench.device, dtype=dtype, requires_grad=True) for _ in range(3))
+    keep = None
+    if mask == "padding":
+        keep = torch.ones(batch, 1, 1, tokens, device=bench.device, dtype=torch.bool)
+        keep[..., tokens - tokens // 4:] = False
+    chosen = {"flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
+              "cudnn": [SDPBackend.CUDNN_ATTENTION]}.get(backend)
+
+    def forward() -> torch.Tensor:
+        if chosen is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=mask == "causal")
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=mask == "causal")
+
+    try:
+        output = forward()
+    except RuntimeError:  # this backend does not run this call (flash with a mask, cuDNN without cuDNN)
+        return []
+    grad = torch.randn_like(output)
+    forward_s = bench.time(lambda: None, forward)
+    backward_s = bench.time(lambda: None, lambda: torch.autograd.grad(output, (q, k, v), grad, retain_graph=True))
+    common = {"dtype": "bf16" if bench.cuda else "fp32", "bytes": 0, "elements": batch * heads * tokens * tokens,
+              "channels": head_dim, "shape": "x".join(map(str, shape)), "state": f"{mask}/{backend}",
+              "repeats": bench.repeats}
+    predicted = (predicted_attention_seconds(shape, mask, gpu_id) if gpu_id and backend == "default"
+                 else (None, None))
+    return [common | {"kind": "attention", "seconds": forward_s, "predicted_s": predicted[0]},
+            common | {"kind": "attention_backward", "seconds": backward_s, "predicted_s": predicted[1]}]
+
+
+def predicted_attention_seconds(shape: tuple[int, int, int, int], mask: str,
+                                gpu_id: str) -> tuple[float | None, float | None]:
+    """The time model's seconds for the forward and the backward of one bf16 attention of `shape` with `mask`
+    on database GPU `gpu_id` (None, None when the GPU is not in the database)."""
+    from advisor.estimate.step import kernel_seconds
+    from advisor.profile.costs import attention_flops
+    from advisor.profile.trace import OpRecord
+
+    device = _database_device(gpu_id)
+    if device is None:
+        return None, None
+    batch, heads, tokens, head_dim = shape
+    per_head = (batch * heads, tokens, head_dim)
+    flops = attention_flops(per_head, per_head, per_head, mask == "causal")
+    records = [OpRecord(phase, "probe", f"_scaled_dot_product_flash_attention{suffix}", flops * scale, 0, 0,
+                        ("bfloat16",), True, True, (batch * heads, tokens, tokens, head_dim),
+                        masked=mask == "padding")
+               for phase, suffix, scale in (("forward", "", 1.0), ("backward", "_backward", 2.5))]
+    forward_s, backward_s = kernel_seconds(records, "amp-bf16", device)
+    return forward_s, backward_s
 
 
 def thin_gemm_row(bench: Bench, shape: tuple[int, int, int], flush: torch.Tensor) -> dict[str, Any]:
@@ -251,4 +328,31 @@ def summary(rows: list[dict[str, Any]], l2_bytes: int | None, gpu_id: str | None
         rate = f"{int(row['bytes']) / seconds / 1e9:7.1f} GB/s"
         model = "-" if predicted is None else f"{predicted * 1e6:8.1f} us ({predicted / seconds - 1:+.0%})"
         lines.append(f"  {row['shape']:<16} {seconds * 1e6:8.1f} us  {rate}  model {model}")
+    return lines + attention_summary(rows, gpu_id)
+
+
+def attention_summary(rows: list[dict[str, Any]], gpu_id: str | None) -> list[str]:
+    """Per attention probe: TFLOP/s as costs.attention_flops counts the call (a causal mask half the scores),
+    and for PyTorch's own pick the time model's seconds beside the measured."""
+    from advisor.profile.costs import attention_flops
+
+    found = [r for r in rows if r["kind"] in ("attention", "attention_backward")]
+    if not found:
+        return []
+    lines = [f"attention, TFLOP/s (forward, backward), the time model's for {gpu_id or '?'} beside PyTorch's pick"]
+    for row in found:
+        batch, heads, tokens, head_dim = (int(v) for v in str(row["shape"]).split("x"))
+        per_head = (batch * heads, tokens, head_dim)
+        mask, _, backend = str(row["state"]).partition("/")
+        flops = attention_flops(per_head, per_head, per_head, mask == "causal")
+        flops *= 2.5 if row["kind"] == "attention_backward" else 1.0
+        seconds = float(row["seconds"])
+        predicted = row.get("predicted_s")
+        if gpu_id and backend == "default":
+            pair = predicted_attention_seconds((batch, heads, tokens, head_dim), mask, gpu_id)
+            predicted = pair[1] if row["kind"] == "attention_backward" else pair[0]
+        model = f"  model {float(predicted) * 1e3:8.3f} ms ({float(predicted) / seconds - 1:+.0%})" \
+            if predicted not in (None, "") else ""
+        lines.append(f"  {row['kind']:<18} {row['shape']:<16} {row['state']:<18} {seconds * 1e3:8.3f} ms  "
+                     f"{flops / seconds / 1e12:7.1f}{model}")
     return lines

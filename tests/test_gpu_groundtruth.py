@@ -80,9 +80,10 @@ def test_dry_run_writes_every_file_with_its_columns(dry_run: tuple[Path, str]) -
 def test_dry_run_times_the_probes_with_the_time_models_thin_gemms_beside(dry_run: tuple[Path, str]) -> None:
     out, printed = dry_run
     probes = read(out / "probes.csv")
-    # reuse at 2 sizes, batch norm forward and backward at 2 batches in 2 dtypes, each hot and cold; 2 GEMMs
-    assert len(probes) == 2 * (2 + 2 * 2 * 2) + 2
-    cached = [r for r in probes if r["kind"] != "thin_gemm"]
+    # reuse at 2 sizes, batch norm forward and backward at 2 batches in 2 dtypes, each hot and cold; 2 GEMMs;
+    # attention forward and backward without a mask, causal and padded, as PyTorch picks the kernels
+    assert len(probes) == 2 * (2 + 2 * 2 * 2) + 2 + 2 * 3
+    cached = [r for r in probes if r["kind"] in ("reuse", "bn_forward", "bn_backward")]
     assert {(r["kind"], r["state"]) for r in cached} == {(k, s) for k in ("reuse", "bn_forward", "bn_backward")
                                                          for s in ("hot", "cold")}
     assert all(positive(r, "seconds", "bytes", "elements") for r in probes)
@@ -92,6 +93,11 @@ def test_dry_run_times_the_probes_with_the_time_models_thin_gemms_beside(dry_run
     assert all(positive(r, "predicted_s") for r in thin)  # predicted for the dry run's stand-in, h100-sxm
     assert "reuse (z = y + 1, fp32): hot / cold" in printed and "elements per second per block" in printed
     assert "thin GEMMs, bf16, operands from DRAM: measured, the time model's for h100-sxm" in printed
+    attention = [r for r in probes if r["kind"].startswith("attention")]
+    assert {(r["kind"], r["state"]) for r in attention} == {(k, f"{mask}/default") for mask in ("none", "causal", "padding")
+                                                            for k in ("attention", "attention_backward")}
+    assert all(positive(r, "seconds", "elements", "predicted_s") for r in attention)
+    assert "attention, TFLOP/s (forward, backward), the time model's for h100-sxm" in printed
 
 
 def test_dry_run_rows_hold_positive_numbers(dry_run: tuple[Path, str]) -> None:

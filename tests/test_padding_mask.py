@@ -28,8 +28,10 @@ def test_padding_masks_the_last_quarter_of_every_sequence() -> None:
 def test_a_model_by_name_gets_the_mask_and_a_model_file_an_error() -> None:
     from advisor.errors import UserError
 
-    padded = load_model_file(GPT2).with_seq_len(16).with_padding_mask()
+    plain = load_model_file(GPT2).with_seq_len(16)
+    padded = plain.with_padding_mask()
     assert padded.padded and padded.example_input(2)["attention_mask"].shape == (2, 16)
+    assert padded.fingerprint and padded.fingerprint != plain.fingerprint  # the trace cache keeps them apart
     with pytest.raises(UserError, match="--padding-mask: .* is a model file"):
         load_model_file("mlp").with_padding_mask()
 

@@ -100,12 +100,14 @@ class ModelFile:
         """This model by name with inputs that carry a padding mask (--padding-mask): the attention mask a
         batch padded to its longest sequence has, ones over each sample's tokens and zeros over its padding
         (PADDED_SHARE of the positions). Transformers then hands attention an explicit mask, which flash
-        attention does not take. A UserError for a model file: its example_input makes its own inputs."""
+        attention does not take. Its own fingerprint: the trace cache keeps its steps apart. A UserError
+        for a model file: its example_input makes its own inputs."""
         if not self.origin:
             raise UserError(f"--padding-mask: {self.source} is a model file, whose example_input makes its own "
                             "inputs; return an attention_mask with zeros over the padding from it instead")
         example_input = self.example_input
-        return dataclasses.replace(self, padded=True,
+        fingerprint = hashlib.sha256(f"{self.fingerprint}|padding mask".encode()).hexdigest() if self.fingerprint else ""
+        return dataclasses.replace(self, padded=True, fingerprint=fingerprint,
                                    example_input=lambda batch_size: with_padding(example_input(batch_size)))
 
     def resolve_optimizer(self, requested: str | None) -> str:
