@@ -163,7 +163,8 @@ def attention_rows(bench: Bench, shape: tuple[int, int, int, int], mask: str, ba
     grad = torch.randn_like(output)
     forward_s = bench.time(lambda: None, forward)
     backward_s = bench.time(lambda: None, lambda: torch.autograd.grad(output, (q, k, v), grad, retain_graph=True))
-    common = {"dtype": "bf16" if bench.cuda else "fp32", "bytes": 0, "elements": batch * heads * tokens * tokens,
+    common = {"dtype": "bf16" if bench.cuda else "fp32", "bytes": 4 * q.numel() * q.element_size(),  # q, k, v, out
+              "elements": batch * heads * tokens * tokens,
               "channels": head_dim, "shape": "x".join(map(str, shape)), "state": f"{mask}/{backend}",
               "repeats": bench.repeats}
     predicted = (predicted_attention_seconds(shape, mask, gpu_id) if gpu_id and backend == "default"

@@ -94,8 +94,8 @@ def test_dry_run_times_the_probes_with_the_time_models_thin_gemms_beside(dry_run
     assert "reuse (z = y + 1, fp32): hot / cold" in printed and "elements per second per block" in printed
     assert "thin GEMMs, bf16, operands from DRAM: measured, the time model's for h100-sxm" in printed
     attention = [r for r in probes if r["kind"].startswith("attention")]
-    assert {(r["kind"], r["state"]) for r in attention} == {(k, f"{mask}/default") for mask in ("none", "causal", "padding")
-                                                            for k in ("attention", "attention_backward")}
+    assert {(r["kind"], r["state"]) for r in attention} == {
+        (kind, f"{mask}/default") for mask in ("none", "causal", "padding") for kind in ("attention", "attention_backward")}
     assert all(positive(r, "seconds", "elements", "predicted_s") for r in attention)
     assert "attention, TFLOP/s (forward, backward), the time model's for h100-sxm" in printed
 

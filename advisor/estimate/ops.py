@@ -312,7 +312,7 @@ ground truth (0.76); FlashAttention-2's paper reports the backward below the for
 
 ATTENTION_KERNELS_BY_ARCHITECTURE = {"hopper": "cudnn", "blackwell": "cudnn"}
 """Which kernel family runs 16-bit fused attention on a GPU whose compute capability is unknown (a
-database entry without one); "flash2" elsewhere."""
+database entry without one); elsewhere "flash2", or "efficient" with a mask."""
 
 CUDNN_ATTENTION_MAJORS = ("9", "10")
 """Compute capabilities (major) where PyTorch prefers cuDNN's attention to flash attention: sm90 and sm100

@@ -106,7 +106,7 @@ class ModelFile:
             raise UserError(f"--padding-mask: {self.source} is a model file, whose example_input makes its own "
                             "inputs; return an attention_mask with zeros over the padding from it instead")
         example_input = self.example_input
-        fingerprint = hashlib.sha256(f"{self.fingerprint}|padding mask".encode()).hexdigest() if self.fingerprint else ""
+        fingerprint = self.fingerprint and hashlib.sha256(f"{self.fingerprint}|padding mask".encode()).hexdigest()
         return dataclasses.replace(self, padded=True, fingerprint=fingerprint,
                                    example_input=lambda batch_size: with_padding(example_input(batch_size)))
 
