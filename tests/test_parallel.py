@@ -8,7 +8,7 @@ import pytest
 from advisor.estimate.parallel import Machines, communication, contention_share, machines_for
 from advisor.estimate.step import OpTime, StepTime
 from advisor.hardware.loader import load_hwdb
-from advisor.parallel.strategy import Layout, Units, collectives, ddp_buckets, per_rank_memory
+from advisor.parallel.strategy import Layout, Units, collectives, ddp_buckets, megatron_buckets, per_rank_memory
 from advisor.profile.live_memory import BEFORE_STEP, LiveMemory, StorageLife
 
 MIB = 1024 * 1024
@@ -42,6 +42,36 @@ def test_fsdp_gathers_twice_and_reduce_scatters_once_per_unit() -> None:
     assert by_kind == {"all_gather": 800.0, "reduce_scatter": 400.0}
     zero2 = collectives(Layout("zero2", 4, 8), units, 400.0, 400.0)
     assert sum(c.total_bytes for c in zero2 if c.kind == "all_gather") == 400.0  # gathered once
+
+
+def test_zero1_sends_only_the_trainable_parameters_after_its_step() -> None:
+    # a LoRA job: 1000 B of parameters, 10 B of them trainable (gradients 10 B): the frozen base is never sent
+    found = collectives(Layout("zero1", 8, 8), Units((), (), 1), weight_bytes=1000.0, gradient_bytes=10.0)
+    assert {(c.kind, c.total_bytes, c.hidden_behind) for c in found} == {("all_reduce", 10.0, "backward"),
+                                                                         ("broadcast", 10.0, None)}
+
+
+def test_megatron_buckets_hold_40_million_parameters_or_1_million_per_rank() -> None:
+    # 200 M bf16 gradients (400 MB) on 8 ranks: max(40 M, 8 M) = 40 M parameters, 80 MB: 5 buckets
+    assert megatron_buckets(400e6, 8) == [80e6] * 5
+    # 100 M (200 MB) on 64 ranks: max(40 M, 64 M) = 64 M, 128 MB: one full bucket and 72 MB
+    assert megatron_buckets(200e6, 64) == pytest.approx([128e6, 72e6])
+
+
+def test_distributed_optimizer_reduce_scatters_behind_the_backward_and_gathers_behind_the_forward(db) -> None:
+    layout = Layout("zero1", 8, 8)
+    found = collectives(layout, Units((), (), 1), 400e6, 400e6, micro_batches=4, distributed_optimizer=True)
+    # 5 buckets of 80 MB each way: reduce-scatter (backward), all-gather of the updated parameters (forward)
+    assert {(c.kind, c.message_bytes, c.count, c.hidden_behind) for c in found} == {
+        ("reduce_scatter", 80e6, 5, "backward"), ("all_gather", 80e6, 5, "forward")}
+    machines = machines_for(db, db.gpu("h100-sxm"), 8)
+    assert isinstance(machines, Machines)
+    overlapped = communication(found, machines, _step(4.0, 8.0), 4)  # 1 s forward, 2 s backward per micro-batch
+    plain = communication(collectives(layout, Units((), (), 1), 400e6, 400e6, micro_batches=4), machines,
+                          _step(4.0, 8.0), 4)
+    # one bucket exposed each way, where torch's zero1 waits for its whole broadcast after the step
+    assert overlapped.exposed_s == pytest.approx(2 * overlapped.time_s / 10)
+    assert overlapped.exposed_s < plain.exposed_s
 
 
 def test_ddp_rank_memory_adds_the_buckets_and_fsdp_shards_the_state() -> None:

@@ -6,7 +6,9 @@ rank's and lists its collectives; parallel/collectives.py times them on the link
 Overlap (decisions): DDP's bucket all-reduces and FSDP's backward gathers and reduce-scatters run
 behind the last micro-batch's backward, FSDP's forward gathers behind the forward (each phase hides at
 most its compute, and the largest single collective of a phase is never hidden: the first gather, the
-last bucket); the root's gathers and reduce-scatter and ZeRO-1's parameter broadcast are not hidden.
+last bucket); the root's gathers and reduce-scatter and ZeRO-1's parameter broadcast are not hidden; Megatron's
+distributed optimizer (zero1 under a master-weight precision) hides its reduce-scatters behind the last
+micro-batch's backward and its parameter gathers behind the next step's first forward.
 A sharded optimizer steps its shard: the optimizer phase takes 1 / shards of its one-GPU time. Compute
 that runs beside a hidden collective shares the GPU with it: NCCL runs each of its channels as a thread
 block that holds one SM for the collective's length, so the compute loses that share of the SMs while it
@@ -87,7 +89,8 @@ class Sharding:
     bucket_view: bool = False
     """The gradients are the data-parallel runtime's buckets (no copy into them): master-weight precisions
     train under Megatron's or DeepSpeed's runtimes, whose contiguous gradient buffers are reduced in place
-    (torch DDP's gradient_as_bucket_view), where torch's DDP (by default) copies each gradient into a bucket."""
+    (torch DDP's gradient_as_bucket_view), where torch's DDP (by default) copies each gradient into a bucket.
+    Under it zero1 communicates as Megatron's distributed optimizer (parallel/strategy.py)."""
 
     @classmethod
     def of_trace(cls, trace: StepTrace) -> Sharding:
@@ -479,7 +482,7 @@ def rank_trace(trace: StepTrace, layout: Layout, sharding: Sharding) -> StepTrac
 
 def step_collectives(layout: Layout, sharding: Sharding, micro_batches: int) -> list[Collective]:
     return collectives(layout, sharding.units, sharding.gathered_by(layout.strategy), sharding.gradient_bytes,
-                       micro_batches, sharding.buffer_bytes)
+                       micro_batches, sharding.buffer_bytes, distributed_optimizer=sharding.bucket_view)
 
 
 def contention_share(link: Interconnect, sm_count: int | None) -> float:

@@ -18,7 +18,15 @@ Strategies, as torch.distributed runs them:
 Under a master-weight precision (`bf16-master`, `fp8-master`: Megatron's and DeepSpeed's way), "ddp" and "zero1" are those
 runtimes' data parallelism: the gradients live in contiguous buffers that are reduced in place, so there is
 no bucket copy (per_rank_memory's `bucket_view`), and zero1's optimizer state includes the fp32 masters
-(Megatron's distributed optimizer, DeepSpeed's ZeRO-1).
+(Megatron's distributed optimizer, DeepSpeed's ZeRO-1). zero1 then communicates as Megatron-Core's
+distributed optimizer does in NeMo's and Megatron-Bridge's recipes (overlap_grad_reduce and
+overlap_param_gather on; decision 2026-11-28): each bucket of gradients is reduce-scattered behind the
+backward and each bucket of updated parameters all-gathered behind the next step's forward, so one bucket
+is exposed each way (NeMo's "Communication Overlap" guide: "exposes only one DP communication chunk").
+DeepSpeed's ZeRO-1 gathers after its step, as torch's zero1 does.
+
+Only trainable parameters are updated, so zero1 sends only them after its step: a LoRA job's frozen base
+(every rank holds it whole) is never broadcast or gathered.
 
 Under autocast, fully_shard runs with MixedPrecisionPolicy(param_dtype=autocast's dtype,
 reduce_dtype=float32), as torchtitan does: units are gathered in 16 bits and autocast's weight copies
@@ -66,6 +74,13 @@ DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 """DDP's first gradient bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES)."""
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 """DDP's bucket_cap_mb default, 25 MiB."""
+MEGATRON_BUCKET_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000
+"""Megatron-Core's gradient buckets: max(40M, 1M x data-parallel ranks) parameters each
+(DistributedDataParallelConfig.bucket_size's default, megatron/core/distributed)."""
+MEGATRON_GRADIENT_BYTES = 2
+"""Bytes per gradient in Megatron's buffers under the master-weight precisions (bf16; grad_reduce_in_fp32
+off, as the DGX Cloud fine-tuning recipe sets it)."""
 
 
 @dataclass(frozen=True)
@@ -195,24 +210,44 @@ def ddp_buckets(gradient_bytes: float) -> list[float]:
     return [first] + [float(DDP_BUCKET_BYTES)] * int(full) + ([last] if last > 0 else [])
 
 
+def megatron_buckets(gradient_bytes: float, dp: int) -> list[float]:
+    """Megatron-Core's gradient buckets for `gradient_bytes` of bf16 gradients over `dp` ranks, in bytes.
+
+    # 200 M bf16 gradients (400 MB) on 8 ranks: buckets of max(40 M, 8 M) = 40 M params (80 MB): 5 of them
+    """
+    if gradient_bytes <= 0:
+        return []
+    size = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * dp) * MEGATRON_GRADIENT_BYTES
+    full, last = divmod(gradient_bytes, size)
+    return [float(size)] * int(full) + ([last] if last > 0 else [])
+
+
 def collectives(layout: Layout, units: Units, weight_bytes: float, gradient_bytes: float,
-                micro_batches: int = 1, buffer_bytes: float = 0.0) -> list[Collective]:
-    """Each rank's collectives in one optimizer step. `weight_bytes`: the parameters as gathered
-    (trainable ones, their stored dtype); `gradient_bytes`: their gradients; `buffer_bytes`: the model's
-    buffers (BatchNorm's running statistics), which DDP broadcasts from rank 0 before each forward; with
-    `micro_batches` > 1 (gradient accumulation) DDP syncs the last micro-batch only (no_sync) and FSDP
-    gathers every micro-batch's parameters but reduce-scatters once."""
+                micro_batches: int = 1, buffer_bytes: float = 0.0,
+                distributed_optimizer: bool = False) -> list[Collective]:
+    """Each rank's collectives in one optimizer step. `weight_bytes`: every parameter as gathered (their
+    stored dtype); `gradient_bytes`: the trainable parameters' gradients, the same bytes as those parameters
+    (what zero1 sends after its step); `buffer_bytes`: the model's buffers (BatchNorm's running statistics),
+    which DDP broadcasts from rank 0 before each forward; with `micro_batches` > 1 (gradient accumulation)
+    DDP syncs the last micro-batch only (no_sync) and FSDP gathers every micro-batch's parameters but
+    reduce-scatters once. `distributed_optimizer`: zero1 runs as Megatron's (see the module's docstring)."""
     strategy, ranks = layout.strategy, layout.shards
     scope = "network" if layout.nodes > 1 and strategy != "hsdp" else "node"
     if layout.dp == 1:
         return []
+    if strategy == "zero1" and distributed_optimizer:
+        buckets = megatron_buckets(gradient_bytes, layout.dp)
+        return _merged([Collective("reduce_scatter", size, 1, "backward", layout.dp, scope, "backward")
+                        for size in buckets] +
+                       [Collective("all_gather", size, 1, "forward", layout.dp, scope, "forward")
+                        for size in buckets])
     if strategy not in FULLY_SHARDED:
         found = [Collective("all_reduce", size, 1, "backward", layout.dp, scope, "backward")
                  for size in ddp_buckets(gradient_bytes)]
         if buffer_bytes > 0:
             found.append(Collective("broadcast", buffer_bytes, micro_batches, "forward", layout.dp, scope, None))
-        if strategy == "zero1":  # each rank broadcasts its shard of the updated parameters
-            found.append(Collective("broadcast", weight_bytes, 1, "optimizer", layout.dp, scope, None))
+        if strategy == "zero1":  # each rank broadcasts its shard of the updated (trainable) parameters
+            found.append(Collective("broadcast", gradient_bytes, 1, "optimizer", layout.dp, scope, None))
         return _merged(found)
     if units.total_params == 0:
         return []
