@@ -110,6 +110,8 @@ class PlanRun:
     nearest the tool can express, Megatron-Core/TransformerEngine's fused modules and XLA's fusion."""
     per_gpu: bool = False
     """The row's throughput is one GPU's, whatever its metric's name says (torchtune's multi-GPU rows)."""
+    packing: int | None = None
+    """--packing: each sequence packed from documents of this many tokens, attention within each."""
 
     def request(self, gpu_id: str) -> PlanRequest:
         """The PlanRequest of this run on `gpu_id` (one optimizer step, no input pipeline, no fit advisor)."""
@@ -120,7 +122,7 @@ class PlanRun:
                            parallel=self.strategy if self.gpus > 1 else "auto", steps=1, seq_len=self.seq_len,
                            lora=self.lora, lora_targets=self.lora_targets, base_weights=self.base_weights,
                            plans="never", input_pipeline=False, compiled=self.compiled,
-                           tp=self.tp if self.tp > 1 else None)
+                           tp=self.tp if self.tp > 1 else None, packing=self.packing)
 
     @property
     def accumulation(self) -> int:
@@ -260,6 +262,22 @@ MEGATRON_FP8 = "fp8-master"
 (until 2026-11-27: fp8, float8 Linear layers under bf16 autocast over fp32 weights)."""
 
 
+SQUAD_DOCUMENT_TOKENS = 200
+"""Tokens of one SQuAD v1.1 example as NeMo's SFT packs it (assumption; no source gives it): a paragraph of
+about 120 words (1.3 Llama tokens a word: ~160), a question of ~11 words (~15), a short answer and the
+prompt template (~25). Attention's share at 4,096 tokens is 200 / 4,096 = 4.9%; 150 or 300 move a step by
+about 1%."""
+
+
+def packed_squad(row: dict[str, str]) -> int | None:
+    """NeMo's fine-tuning on SQuAD packed into each sequence (SOURCES-newer.md: NeMo 24.07's SFT and LoRA
+    rows; DGX Cloud's ft_llama3, whose recipe checks for the packed dataset's metadata): its documents' tokens;
+    None for pre-training."""
+    what = row["model"].split(" (", 1)[-1].lower()
+    fine_tuning = "sft" in what or "lora" in what or "fine-tune" in what
+    return SQUAD_DOCUMENT_TOKENS if fine_tuning else None
+
+
 def megatron(row: dict[str, str], lora: tuple[int, tuple[str, ...]] | None, micro: int | None = None,
              assumption: str = "") -> PlanRun | str:
     """A NeMo/Megatron-Core run: each GPU's batch GBS / DP (DP: the row's GPUs), micro-batch MBS, Adam(W),
@@ -278,9 +296,12 @@ def megatron(row: dict[str, str], lora: tuple[int, tuple[str, ...]] | None, micr
     method = method_of(row)
     rank, targets = lora if method == "lora" and lora else (None, ())
     tp = tensor_degree(row)
+    packing = packed_squad(row)
     return PlanRun(str(model_of(row)), precision, "adamw", global_batch * tp // gpus, micro, seq_len_of(row), False,
-                   rank, targets, gpus=gpus, strategy=strategy, assumption="; ".join(filter(None, (assumption, MEGATRON_FUSION))),
-                   compiled=True, tp=tp)
+                   rank, targets, gpus=gpus, strategy=strategy,
+                   assumption="; ".join(filter(None, (assumption, MEGATRON_FUSION,
+                                                      f"SQuAD examples of {packing} tokens packed" if packing else ""))),
+                   compiled=True, tp=tp, packing=packing)
 
 
 NEMO1_LORA = (32, ("q_proj", "k_proj", "v_proj"))

@@ -104,6 +104,8 @@ def test_model_parallel_layouts_are_skipped_with_their_reason() -> None:
     assert isinstance(run, PlanRun)
     assert (run.batch, run.micro_batch, run.accumulation, run.gpus, run.strategy, run.precision) == \
         (4, 1, 4, 8, "zero1", "bf16-master")  # Megatron's bf16: fp32 masters in its optimizer
+    assert run.packing == newer_rows.SQUAD_DOCUMENT_TOKENS  # NeMo's SFT packs SQuAD's examples
+    assert run.request("h100-sxm").packing == run.packing
     # tensor parallel in groups of 2: 8 / 2 = 4 data-parallel groups take 32 / 4 = 8 sequences each
     run = run_of(row(**megatron, notes="GBS=32; MBS=1; TP=2 PP=1"))
     assert isinstance(run, PlanRun) and (run.batch, run.tp, run.request("h100-sxm").tp) == (8, 2, 2)
@@ -117,6 +119,7 @@ def test_fp8_rows_wait_for_the_precision(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(newer_rows, "PRECISIONS", ("fp32", "bf16", "fp8", "fp8-master"))
     run = run_of(fp8)  # Megatron's fp8: bf16 weights with fp32 masters
     assert isinstance(run, PlanRun) and (run.precision, run.batch, run.micro_batch) == ("fp8-master", 16, 2)
+    assert run.packing is None  # pre-training: whole sequences
 
 
 def test_timm_benchmark_rows() -> None:

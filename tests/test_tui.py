@@ -468,6 +468,7 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "tokens": (None, "tokens", None),  # excludes steps; tokens: tests/test_tokens.py
     "seq_len": ("128", "seq_len", 128),
     "padding_mask": (False, "padding_mask", False),  # the mlp example is a model file; tests/test_padding_mask.py
+    "packing": ("64", "packing", 64),
     "provider": ("lambda", "provider", "lambda"),
     "spot": (True, "spot", True),
     "budget": ("100", "budget_usd", 100.0),

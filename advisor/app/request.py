@@ -97,6 +97,10 @@ class PlanRequest:
     padding_mask: bool = False
     """A model by name's batches are padded: its inputs carry an attention mask with zeros over the padding
     (ModelFile.with_padding_mask), so attention runs masked over every position."""
+    packing: int | None = None
+    """Each sequence is packed from documents of this many tokens, attention running within each document
+    (estimate/packing.py); None: not packed. Not a trace field: the trace is the same, its attention timed
+    over documents."""
     provider: str | None = None
     """Only this provider's cloud offers."""
     spot: bool = False
@@ -138,6 +142,10 @@ class PlanRequest:
         _check_whole("steps", self.steps, MAX_JOB_SAMPLES)
         _check_whole("tokens", self.tokens, MAX_JOB_TOKENS)
         _check_whole("sequence length", self.seq_len, MAX_SEQ_LEN)
+        _check_whole("--packing", self.packing, MAX_SEQ_LEN)
+        if self.packing is not None and self.padding_mask:
+            raise UserError("--packing and --padding-mask do not combine: packed sequences carry no padding "
+                            "(their documents' boundaries go to attention instead of a mask); choose one")
         _check_whole("workers", self.workers, MAX_WORKERS)
         self._check_parallel()
         _check_positive("vCPUs per GPU", self.vcpus_per_gpu, MAX_VCPUS_PER_GPU)
@@ -253,10 +261,13 @@ class PlanRequest:
     def settings(self, model: ModelFile) -> EstimateSettings:
         from advisor.estimate.plan import EstimateSettings
 
+        if self.packing is not None and model.seq_len is None:
+            raise UserError(f"--packing packs documents into sequences: {model.source} has no sequence length "
+                            "(SEQ_LEN); give --seq-len or a language model")
         return EstimateSettings(self.memory_settings(model), self.job(model), self.spot, model.seq_len,
                                 self.assumptions(model), self.workers, self.vcpus_per_gpu, self.host_cpu,
                                 self.num_gpus, self.parallel, self.compiled, self.tp, self.sync_each_step,
-                                self.padding_mask)
+                                self.padding_mask, self.packing)
 
     def assumptions(self, model: ModelFile) -> tuple[str, ...]:
         """What was chosen for the user, as phrases for the settings line."""

@@ -177,6 +177,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a model by name (hf:) trains on padded batches: its inputs carry an attention mask "
                              "with zeros over the padding, so attention runs masked over every position (flash "
                              "attention takes no mask; model files return their own attention_mask)")
+    parser.add_argument("--packing", type=bounded_int(MAX_SEQ_LEN), metavar="TOKENS",
+                        help="each sequence is packed from documents of TOKENS tokens on average (TRL's packing, "
+                             "NeMo's packed SFT): attention runs within each document, as flash attention's "
+                             "variable-length kernels run it")
     parser.add_argument("--lora", type=bounded_int(MAX_LORA_RANK), metavar="RANK",
                         help="fine-tune LoRA adapters of this rank, the rest of the model frozen (peft's LoRA)")
     parser.add_argument("--lora-targets", type=name_list, metavar="NAME,...",
@@ -278,7 +282,7 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         local=getattr(args, "local", False), samples=getattr(args, "samples", None),
         epochs=getattr(args, "epochs", None), steps=getattr(args, "steps", None),
         tokens=getattr(args, "tokens", None), seq_len=getattr(args, "seq_len", None),
-        padding_mask=getattr(args, "padding_mask", False),
+        padding_mask=getattr(args, "padding_mask", False), packing=getattr(args, "packing", None),
         provider=getattr(args, "provider", None), spot=getattr(args, "spot", False),
         budget_usd=getattr(args, "budget_usd", None), deadline_hours=getattr(args, "deadline_hours", None),
         max_price_usd=getattr(args, "max_price_usd", None), lora=getattr(args, "lora", None),

@@ -185,6 +185,8 @@ def _header(estimate: Estimate) -> list[str]:
     batch = f"batch {memory.batch_size}"
     if settings.seq_len is not None:
         batch += f" x {settings.seq_len:,} tokens" + (" padded (an attention mask)" if settings.padding_mask else "")
+        if settings.packing is not None:
+            batch += f" (documents of {settings.packing:,} packed)"
     gpus = settings.num_gpus or 1
     if gpus > 1 and settings.tensor_parallel:
         degree = f" of {settings.tp}" if settings.tp else ""

@@ -57,6 +57,7 @@ from advisor.profile.choices import precision_of
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.parallel.strategy import Layout
+from advisor.estimate.packing import packed_trace
 from advisor.profile.trace import StepTrace
 
 Progress = Callable[[str], None]
@@ -274,6 +275,9 @@ class EstimateSettings:
     """The training loop reads a value back every step (step.LOOP_READ_BACK): the host cannot run ahead."""
     padding_mask: bool = False
     """The model by name's inputs carry a padding mask (--padding-mask)."""
+    packing: int | None = None
+    """Each sequence is packed from documents of this many tokens, attention running within each (--packing,
+    packing.py); None: not packed."""
 
     @property
     def tensor_parallel(self) -> bool:
@@ -304,6 +308,7 @@ class EstimateSettings:
             "compile": self.compiled,
             "sync_each_step": self.sync_each_step,
             "padding_mask": self.padding_mask,
+            "packing": self.packing,
             "lora": adaptation.lora_rank,
             "lora_targets": list(adaptation.lora_targets),
             "base_weights": adaptation.base_weights,
@@ -667,6 +672,8 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
         pending = SecondTrace.ready(second)
     else:
         trace, pending = trace_pair(model, memory_settings, trace, progress)
+    traced = trace  # what a later estimate reuses; the GPUs run it packed (--packing)
+    trace = packed_trace(trace, settings.packing, settings.seq_len)
     try:  # what needs only the first trace, while a child may still trace the second
         lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # for every GPU
         singles = {target.id: step_time(trace, settings, target, lowered) for target in targets
@@ -720,5 +727,5 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     if not results and skipped:
         raise UserError(f"no machine runs {gpus} of the GPUs asked for: " +
                         "; ".join(f"{gpu_id}: {why}" for gpu_id, why in skipped[:3]))
-    return Estimate(model, trace, settings, rank_results(results), db.defaults.electricity_usd_per_kwh, second,
+    return Estimate(model, traced, settings, rank_results(results), db.defaults.electricity_usd_per_kwh, second,
                     pipeline, tuple(skipped))

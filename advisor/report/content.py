@@ -246,7 +246,9 @@ def _settings_lines(estimate: Estimate) -> tuple[tuple[str, str], ...]:
         ("Training loop", "reads a value back every step: the host waits for the GPU" if settings.sync_each_step
          else "reads nothing back: the host issues the next step while the GPU runs this one"),
         *((("Sequence length", f"{settings.seq_len:,} tokens"
-            + (", padded batches: attention runs masked over every position" if settings.padding_mask else "")),)
+            + (", padded batches: attention runs masked over every position" if settings.padding_mask else "")
+            + (f", packed from documents of {settings.packing:,} tokens: attention runs within each"
+               if settings.packing is not None else "")),)
           if settings.seq_len is not None else ()),
         *((("Fine-tuning", estimate.trace.adapted),) if estimate.trace.adapted else ()),
         *((("Assumed", "; ".join(settings.assumptions)),) if settings.assumptions else ()),

@@ -152,6 +152,8 @@ class EstimateScreen(Screen):
                 yield Label("Sequence length")
                 yield Input(_text(request.seq_len), placeholder="file's SEQ_LEN", type="integer", id="seq_len")
                 yield _switch_row(request.padding_mask, "padding_mask", "padded batches (hf: models)")
+                yield Label("Packed documents (tokens)")
+                yield Input(_text(request.packing), placeholder="not packed", type="integer", id="packing")
                 yield Label("Budget (USD)")
                 yield Input(_text(request.budget_usd), placeholder="none", type="number", id="budget")
                 yield Label("Max card price (USD)")
@@ -256,6 +258,7 @@ class EstimateScreen(Screen):
             tokens=parse_number(value("tokens"), int, "tokens"),
             seq_len=parse_number(value("seq_len"), int, "sequence length"),
             padding_mask=self.query_one("#padding_mask", Switch).value,
+            packing=parse_number(value("packing"), int, "packed documents"),
             provider=chosen("provider"),
             spot=self.query_one("#spot", Switch).value,
             budget_usd=parse_number(value("budget"), float, "budget"),
