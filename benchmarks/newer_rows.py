@@ -326,10 +326,16 @@ def megatron_bridge(row: dict[str, str]) -> PlanRun | str:
     return megatron(row, NEMO2_LORA)
 
 
+AUTOMODEL_FUSION = "TE's and triton's fused kernels predicted as torch.compile's fusion"
+"""NeMo AutoModel's rows list their kernels ("kernels=TE + triton"): TransformerEngine's fused RMSNorm, SwiGLU
+and RoPE modules and its triton LoRA kernels, the nearest of which the tool expresses is --compile (as
+MEGATRON_FUSION for Megatron's)."""
+
+
 def automodel(row: dict[str, str]) -> PlanRun | str:
     """NV_AUTOMODEL_PERF: NeMo AutoModel (FSDP2), the model loaded in bf16 (our bf16), LoRA dim 16 on
     '*_proj' (every projection: all-linear), AdamW, no activation checkpointing (the benchmark YAMLs set
-    none), MBS x GA = GBS."""
+    none), MBS x GA = GBS, its TE and triton kernels as --compile (AUTOMODEL_FUSION)."""
     precision = precision_or_reason(row, "bf16")
     if precision not in PRECISIONS:
         return precision
@@ -341,8 +347,10 @@ def automodel(row: dict[str, str]) -> PlanRun | str:
     loaded = re.search(r"loads (meta-llama/[\w.-]+)", notes)  # "Llama 3 8B" whose config loads Llama-3.1-8B
     model = f"hf:{loaded.group(1)}" if loaded else str(model_of(row))
     tp = tensor_degree(row)  # FSDP2 between tensor-parallel groups (DTensor's TP): GBS / (GPUs / TP) each
+    fused = re.search(r"kernels=TE\b", notes) is not None  # TransformerEngine's fused modules, triton's LoRA
     return PlanRun(model, precision, "adamw", global_batch * tp // gpus, micro, seq_len_of(row), False,
-                   16 if lora else None, (ALL_LINEAR,) if lora else (), gpus=gpus, strategy="fsdp", tp=tp)
+                   16 if lora else None, (ALL_LINEAR,) if lora else (), gpus=gpus, strategy="fsdp", tp=tp,
+                   compiled=fused, assumption=AUTOMODEL_FUSION if fused else "")
 
 
 def dgx_cloud(row: dict[str, str]) -> PlanRun | str:

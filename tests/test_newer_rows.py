@@ -122,6 +122,18 @@ def test_fp8_rows_wait_for_the_precision(monkeypatch: pytest.MonkeyPatch) -> Non
     assert run.packing is None  # pre-training: whole sequences
 
 
+def test_automodel_rows_run_their_fused_kernels_as_compiled() -> None:
+    automodel = dict(source_id="NV_AUTOMODEL_PERF", model="Llama 3 8B (LoRA fine-tune)", precision="BF16",
+                     seq_len_or_image_size="seq4096", notes="GBS=32; MBS=2; GA=16; TP=1 PP=1 CP=1 FSDP=1; "
+                     "kernels=TE + triton; linked config loads meta-llama/Llama-3.1-8B")
+    run = run_of(row(**automodel))
+    # GBS 32 on one GPU in micro-batches of 2; LoRA dim 16 on every projection; TE's kernels as --compile
+    assert isinstance(run, PlanRun) and (run.batch, run.micro_batch, run.lora, run.compiled) == (32, 2, 16, True)
+    assert run.assumption == newer_rows.AUTOMODEL_FUSION
+    plain = run_of(row(**(automodel | {"notes": "GBS=32; MBS=2; GA=16; TP=1 PP=1 CP=1 FSDP=1"})))
+    assert isinstance(plain, PlanRun) and not plain.compiled and plain.packing is None
+
+
 def test_timm_benchmark_rows() -> None:
     nikolas = dict(source_id="NIKOLASENT_2025", model="efficientvit_m4", gpu="RTX 5090", precision="FP16",
                    batch_size_per_gpu="", seq_len_or_image_size="224x224", metric="train_samples_per_s")
