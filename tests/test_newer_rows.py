@@ -134,6 +134,13 @@ def test_automodel_rows_run_their_fused_kernels_as_compiled() -> None:
     assert isinstance(plain, PlanRun) and not plain.compiled and plain.packing is None
 
 
+def test_trainer_rows_whose_runtime_spans_an_evaluation_are_skipped() -> None:
+    hf = row(source_id="NV_DGXC_BENCH", model="Mistral 7B (LoRA SFT, HF TRL/accelerate FSDP)", num_gpus="8",
+             framework="PyTorch (NGC pytorch:24.02-py3) + transformers 4.40.0 + accelerate 0.29.0",
+             notes="per_device_train_batch_size=16; grad accum=4; gradient checkpointing")
+    assert run_of(hf) == newer_rows.TRAINER_RUNTIME_SPANS_EVALUATION
+
+
 def test_timm_benchmark_rows() -> None:
     nikolas = dict(source_id="NIKOLASENT_2025", model="efficientvit_m4", gpu="RTX 5090", precision="FP16",
                    batch_size_per_gpu="", seq_len_or_image_size="224x224", metric="train_samples_per_s")
