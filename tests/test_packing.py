@@ -64,3 +64,16 @@ def test_what_packing_cannot_do_is_one_sentence_and_exit_2(capsys, argv: list[st
     assert main(["estimate", *argv, "--gpu", "h100-sxm", "--no-input-pipeline"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
+
+
+def test_the_fit_advisors_plans_run_packed_too(capsys) -> None:
+    # GPT-2 at batch 64 x 1,024 does not fit a 12 GB RTX 3060: the plan (micro-batches) is timed packed, as
+    # the same settings given directly are
+    argv = [GPT2, "--seq-len", "1024", "--batch-size", "64", "--precision", "bf16", "--gpu", "rtx-3060",
+            "--packing", "128", "--steps", "10", "--no-input-pipeline", "--json"]
+    assert main(["estimate", *argv]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]
+    flags = plan["flags"].split()
+    assert main(["estimate", *argv, *flags]) == 0
+    direct = json.loads(capsys.readouterr().out)["results"][0]
+    assert plan["step_time_s"] == pytest.approx(direct["step_time_s"], rel=1e-6)

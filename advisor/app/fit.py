@@ -168,6 +168,7 @@ def _same(first: DeviceEstimate, second: DeviceEstimate) -> bool:
 def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets: list[Any]) -> DeviceEstimate | None:
     """The request's step of `model` traced once and estimated on `targets`: its fastest fitting result (None
     when it fits none, or when the change does not apply to this model: a UserError from the trace)."""
+    from advisor.estimate.packing import packed_trace
     from advisor.estimate.plan import estimate_device
     from advisor.memory.estimate import StepMemory, capped_replay, device_memory
     from advisor.memory.plan import trace_for_memory
@@ -177,6 +178,7 @@ def _best_result(request: PlanRequest, model: ModelFile, db: HardwareDB, targets
         trace = trace_for_memory(model, settings.memory, settings.memory.traced_batch)
     except UserError:
         return None
+    trace = packed_trace(trace, settings.packing, settings.seq_len)  # as the GPUs run it (--packing)
     if (settings.num_gpus or 1) > 1:  # the candidate runs on the request's GPUs, as the request would
         fitting = [r for r in _parallel_results(trace, settings, db, targets) if r.fits]
         return min(fitting, key=lambda r: (r.time_to_train_s, r.id), default=None)
