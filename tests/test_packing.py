@@ -9,7 +9,7 @@ import pytest
 
 from advisor.cli.main import main
 from advisor.estimate.ops import FUSED_ATTENTION
-from advisor.estimate.packing import document_share, packed_trace
+from advisor.estimate.packing import document_share, packed_trace, unpacked_attention_note
 from advisor.profile.trace import OpRecord, StepTrace
 
 pytest.importorskip("transformers")
@@ -33,6 +33,18 @@ def test_only_fused_attention_computes_less() -> None:
     assert [r.flops for r in packed.records] == [250.0, 500.0]
     assert [r.bytes_read for r in packed.records] == [64, 32]
     assert packed_trace(trace, None, 256) is trace
+    assert unpacked_attention_note(trace, 64, 256) is None  # its attention takes the boundaries
+
+
+def test_attention_of_matrix_products_is_told_it_stays_unpacked() -> None:
+    # q @ k^T, softmax, @ v: no fused kernel to take the documents' boundaries
+    records = (OpRecord("forward", "attn", "bmm", 1000.0, 64, 64, ("bf16",), True, True, (12, 256, 256, 64)),
+               OpRecord("forward", "attn", "_softmax", 10.0, 64, 64, ("bf16",), False, True))
+    trace = StepTrace(2, "bf16", "adamw", 10, records)
+    note = unpacked_attention_note(trace, 64, 256)
+    assert note is not None and note.startswith("--packing 64 changes nothing here")
+    assert unpacked_attention_note(trace, None, 256) is None and unpacked_attention_note(trace, 256, 256) is None
+    assert packed_trace(trace, 64, 256).records == records
 
 
 def estimate(capsys, *extra: str) -> dict:

@@ -43,3 +43,13 @@ def packed_trace(trace: StepTrace, document_tokens: int | None, seq_len: int | N
         return trace
     records = tuple(replace(r, flops=r.flops * share) if r.op in FUSED_ATTENTION else r for r in trace.records)
     return replace(trace, records=records)
+
+
+def unpacked_attention_note(trace: StepTrace, document_tokens: int | None, seq_len: int | None) -> str | None:
+    """The line an interface adds when --packing changes nothing: a model whose attention is matrix products
+    and a softmax (no fused scaled_dot_product_attention) attends over the whole packed sequence."""
+    if document_share(document_tokens, seq_len) == 1.0 or any(r.op in FUSED_ATTENTION for r in trace.records):
+        return None
+    return (f"--packing {document_tokens:,} changes nothing here: the model computes attention as matrix products "
+            "and a softmax, not with scaled_dot_product_attention, whose variable-length kernels alone take the "
+            "documents' boundaries; it attends over the whole packed sequence")
