@@ -89,3 +89,44 @@ def test_the_fit_advisors_plans_run_packed_too(capsys) -> None:
     assert main(["estimate", *argv, *flags]) == 0
     direct = json.loads(capsys.readouterr().out)["results"][0]
     assert plan["step_time_s"] == pytest.approx(direct["step_time_s"], rel=1e-6)
+
+
+def test_the_tui_times_packed_documents_without_tracing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from textual.widgets import Input
+
+    import advisor.estimate.plan as estimate_plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+    from advisor.tui.app import AdvisorApp
+
+    traced: list[int] = []
+    original = estimate_plan.trace_pair
+
+    def counting(model, settings, *args, **kwargs):
+        traced.append(settings.batch_size)
+        return original(model, settings, *args, **kwargs)
+
+    monkeypatch.setattr(estimate_plan, "trace_pair", counting)
+    app = AdvisorApp(load_hwdb(include_user_layers=False),
+                     PlanRequest(model=GPT2, seq_len=1024, batch_size=4, precision="bf16", gpus=("h100-sxm",),
+                                 input_pipeline=False))
+
+    async def settled(pilot) -> None:
+        await pilot.pause()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            whole, first = screen.estimate.results[0].step_time_s, len(traced)
+            screen.query_one("#packing", Input).value = "128"
+            screen.action_estimate()
+            await settled(pilot)
+            assert screen.estimate.settings.packing == 128 and len(traced) == first  # the same trace
+            assert screen.estimate.results[0].step_time_s < whole
+
+    asyncio.run(scenario())
