@@ -26,7 +26,6 @@ from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
 from advisor.profile.choices import describe_optimizer
-from advisor.estimate.packing import unpacked_attention_note
 from advisor.profile.coverage import trace_notes
 
 if TYPE_CHECKING:
@@ -233,6 +232,8 @@ def _legend(spot: bool, gpus: int) -> str:
 def _footer(estimate: Estimate, request: PlanRequest | None) -> list[str]:
     goals = [] if request is None else goal_lines(estimate, request)
     feeding = [line for line in (supply_line(estimate), pipeline_line(estimate)) if line]
+    from advisor.estimate.packing import unpacked_attention_note  # imports torch: not for light commands
+
     settings = estimate.settings
     packing = unpacked_attention_note(estimate.trace, settings.packing, settings.seq_len)
     return (_summary(estimate) + _parallel_lines(estimate) + feeding + goals + trace_notes(estimate.trace)
