@@ -112,6 +112,8 @@ class PlanRun:
     """The row's throughput is one GPU's, whatever its metric's name says (torchtune's multi-GPU rows)."""
     packing: int | None = None
     """--packing: each sequence packed from documents of this many tokens, attention within each."""
+    lora_dropout: float | None = None
+    """--lora-dropout: peft's lora_dropout of the adapters."""
 
     def request(self, gpu_id: str) -> PlanRequest:
         """The PlanRequest of this run on `gpu_id` (one optimizer step, no input pipeline, no fit advisor)."""
@@ -122,7 +124,7 @@ class PlanRun:
                            parallel=self.strategy if self.gpus > 1 else "auto", steps=1, seq_len=self.seq_len,
                            lora=self.lora, lora_targets=self.lora_targets, base_weights=self.base_weights,
                            plans="never", input_pipeline=False, compiled=self.compiled,
-                           tp=self.tp if self.tp > 1 else None, packing=self.packing)
+                           tp=self.tp if self.tp > 1 else None, packing=self.packing, lora_dropout=self.lora_dropout)
 
     @property
     def accumulation(self) -> int:
@@ -470,9 +472,14 @@ def padded_model_file(spec: str, kept: int = ULT_SAMPLE_TOKENS) -> str:
     return str(path)
 
 
+ULT_LORA_DROPOUT = 0.05
+"""universal-llm-trainer's peft LoraConfig lora_dropout (config_lora/llm_lora_config.yaml @4e15b5f)."""
+
+
 def universal_llm_trainer(row: dict[str, str]) -> PlanRun | str:
     """ULT_GPU_TEST: the model in bf16 (our bf16), AdamW, gradient checkpointing, batch 2 of 8,192 tokens,
-    LoRA r=8 on every projection; a LoRA "step" is one micro-batch: the trainer's loop
+    LoRA r=8 on every projection with peft's lora_dropout 0.05 (config_lora/llm_lora_config.yaml); a LoRA
+    "step" is one micro-batch: the trainer's loop
     (ljm565/universal-llm-trainer src/trainer/trainer.py @aefdc4a) runs forward and backward per batch and
     steps the optimizer every `gradient_accumuate_step` batches (SOURCES-newer.md left this open). Its
     `--gpu_test` mode draws random ids over all 8,192 positions but keeps the loaded ARC sample's attention
@@ -484,7 +491,7 @@ def universal_llm_trainer(row: dict[str, str]) -> PlanRun | str:
     lora = method_of(row) == "lora"
     return PlanRun(padded_model_file(str(model_of(row))), precision, "adamw", int(row["batch_size_per_gpu"]), None,
                    seq_len_of(row), True, 8 if lora else None, (ALL_LINEAR,) if lora else (),
-                   assumption="one micro-batch per step" if lora else "")
+                   assumption="one micro-batch per step" if lora else "", lora_dropout=ULT_LORA_DROPOUT if lora else None)
 
 
 SOURCE_RUNS: dict[str, Callable[[dict[str, str]], Run | str]] = {

@@ -87,6 +87,18 @@ def test_lora_trains_only_the_adapters() -> None:
     assert "LoRA r=4 on 2 layers (q_proj, v_proj)" in traced.adapted
 
 
+def test_lora_dropout_keeps_each_adapters_mask_and_dropped_input() -> None:
+    plain = StepMemory.of_trace(trace(Adaptation(lora_rank=4), precision="fp32"))
+    traced = trace(Adaptation(lora_rank=4, lora_dropout=0.1), precision="fp32")
+    dropped = StepMemory.of_trace(traced)
+    # each of q_proj's and v_proj's adapters keeps its dropped input (4 x 64 fp32: 1,024 B) and a bool mask
+    # (256 B, in a 512-byte block) for the backward, as CUDA's native_dropout does: 2 x (1,024 + 512) = 3,072
+    assert dropped.by_category["activations"] - plain.by_category["activations"] == 3_072
+    assert [r.op for r in traced.records if "dropout" in r.op] == ["native_dropout", "native_dropout",
+                                                                  "native_dropout_backward"]
+    assert "dropout 0.1" in traced.adapted  # q_proj's input is the model's: no gradient flows back through it
+
+
 def test_nf4_base_stores_the_frozen_linears_as_codes() -> None:
     traced = trace(Adaptation(lora_rank=4, base_weights="nf4"))
     weights = StepMemory.of_trace(traced).by_category["weights"]
@@ -117,6 +129,11 @@ def test_requests_check_the_adapter_options() -> None:
         PlanRequest(lora=8, base_weights="bf16", precision="fp32")
     with pytest.raises(UserError, match="LoRA rank must be at least 1"):
         PlanRequest(lora=0)
+    with pytest.raises(UserError, match="--lora-dropout is the dropout of LoRA adapters"):
+        PlanRequest(lora_dropout=0.1)
+    with pytest.raises(UserError, match="a probability from 0 up to 1"):
+        PlanRequest(lora=8, lora_dropout=1.0)
+    assert PlanRequest(lora=8, lora_dropout=0.05).adaptation("bf16").lora_dropout == 0.05
 
 
 # --- models by name -------------------------------------------------------------------------------------------

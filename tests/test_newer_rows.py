@@ -78,7 +78,7 @@ def test_a_lora_row_is_built_as_its_source_ran_it() -> None:
     run = run_of(row())
     assert isinstance(run, PlanRun)
     assert run == PlanRun(run.model, "bf16", "adamw", 2, None, 8192, True, 8, ("all-linear",),
-                          assumption="one micro-batch per step")
+                          assumption="one micro-batch per step", lora_dropout=0.05)
     assert run_of(row(), gpu_known=False) == "GPU not in hwdb"
 
 

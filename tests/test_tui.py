@@ -476,6 +476,7 @@ FORM_VALUES = {  # widget id -> (text or value to set, the option it is, the val
     "max_price": ("2000", "max_price_usd", 2000.0),
     "lora": ("16", "lora", 16),
     "lora_targets": ("q_proj, v_proj", "lora_targets", ("q_proj", "v_proj")),
+    "lora_dropout": ("0.05", "lora_dropout", 0.05),
     "base_weights": ("nf4", "base_weights", "nf4"),
     "plans_mode": ("always", "plans", "always"),
     "input_pipeline": (True, "input_pipeline", True),

@@ -115,6 +115,8 @@ class PlanRequest:
     """LoRA adapters of this rank; the rest of the model frozen (profile/adapters.py)."""
     lora_targets: tuple[str, ...] = ()
     """Names of the Linear layers LoRA adapts ("all-linear": every one but the head); (): the attention defaults."""
+    lora_dropout: float | None = None
+    """peft's lora_dropout of the adapters (--lora-dropout; None: 0, no dropout)."""
     base_weights: str | None = None
     """How the frozen base is stored (BASE_WEIGHTS); None: bf16 under amp-bf16 with --lora, else as
     the precision stores weights."""
@@ -189,6 +191,12 @@ class PlanRequest:
         _check_whole("LoRA rank", self.lora, MAX_LORA_RANK)
         if self.lora_targets and self.lora is None:
             raise UserError("--lora-targets names the layers of LoRA adapters: give their rank with --lora RANK")
+        if self.lora_dropout is not None:
+            if self.lora is None:
+                raise UserError("--lora-dropout is the dropout of LoRA adapters: give their rank with --lora RANK")
+            if not 0.0 <= self.lora_dropout < 1.0:
+                raise UserError(f"--lora-dropout is a probability from 0 up to 1 (peft's lora_dropout, such as 0.05), "
+                                f"got {self.lora_dropout:g}")
         if any(not name.strip() for name in self.lora_targets):
             raise UserError("--lora-targets: give layer names separated by commas, such as q_proj,v_proj")
         if self.base_weights is not None and self.base_weights not in BASE_WEIGHTS:
@@ -212,7 +220,7 @@ class PlanRequest:
         base = self.base_weights
         if base is None and self.lora is not None and precision_of(precision).autocast == "bf16":
             base = "bf16"
-        return Adaptation(self.lora, self.lora_targets, base)
+        return Adaptation(self.lora, self.lora_targets, base, self.lora_dropout or 0.0)
 
     def check_micro_batch(self, batch_size: int) -> None:
         """A UserError when the micro-batch is larger than `batch_size` or does not divide it."""
@@ -307,7 +315,7 @@ PLAN_MODES = ("auto", "always", "never")
 """--plans: when the fit advisor searches."""
 
 TRACE_FIELDS = ("model", "batch_size", "precision", "optimizer", "checkpointing", "micro_batch", "seq_len", "lora",
-                "lora_targets", "base_weights", "padding_mask")
+                "lora_targets", "base_weights", "padding_mask", "lora_dropout")
 """The request's fields a traced step depends on; the others (devices, prices, job, budget) only
 change what is done with it."""
 

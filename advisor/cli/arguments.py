@@ -186,6 +186,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-targets", type=name_list, metavar="NAME,...",
                         help=f"the Linear layers LoRA adapts, by name (q_proj,v_proj) or {ALL_LINEAR}; default: "
                              "the architecture's attention projections, as peft chooses them")
+    parser.add_argument("--lora-dropout", type=float, metavar="P",
+                        help="peft's lora_dropout: each adapter drops its input's elements with probability P "
+                             "(0.05 and 0.1 are usual; its mask and output are kept for the backward); default 0")
     parser.add_argument("--base-weights", choices=BASE_WEIGHTS,
                         help="how the frozen base is stored: bf16, or its Linear layers in bitsandbytes' 4-bit "
                              "NormalFloat (nf4; nf4-dq: double quantization, QLoRA) or LLM.int8 (int8); default "
@@ -287,6 +290,7 @@ def request_from_arguments(args: argparse.Namespace) -> PlanRequest:
         budget_usd=getattr(args, "budget_usd", None), deadline_hours=getattr(args, "deadline_hours", None),
         max_price_usd=getattr(args, "max_price_usd", None), lora=getattr(args, "lora", None),
         lora_targets=tuple(getattr(args, "lora_targets", None) or ()), base_weights=getattr(args, "base_weights", None),
+        lora_dropout=getattr(args, "lora_dropout", None),
         plans=getattr(args, "plans", "auto"),
         input_pipeline=getattr(args, "input_pipeline", None) is not False and input_pipeline_default(),
         workers=getattr(args, "workers", None), vcpus_per_gpu=getattr(args, "vcpus_per_gpu", None),

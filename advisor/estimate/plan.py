@@ -311,6 +311,7 @@ class EstimateSettings:
             "packing": self.packing,
             "lora": adaptation.lora_rank,
             "lora_targets": list(adaptation.lora_targets),
+            "lora_dropout": adaptation.lora_dropout,
             "base_weights": adaptation.base_weights,
             "assumptions": list(self.assumptions),
             "workers": self.workers,

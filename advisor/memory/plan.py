@@ -71,6 +71,7 @@ class MemorySettings:
         settings = {k: v for k, v in asdict(self).items() if k != "adaptation"}
         return settings | {"accumulation_steps": self.accumulation_steps, "lora": self.adaptation.lora_rank,
                            "lora_targets": list(self.adaptation.lora_targets),
+                           "lora_dropout": self.adaptation.lora_dropout,
                            "base_weights": self.adaptation.base_weights}
 
 

@@ -3,8 +3,9 @@
 
 LoRA (Hu et al. 2021) wraps chosen Linear layers: y = W x + B A x * alpha/r with A [r, in] and B [out, r]
 trained and W frozen. The wrapper is the one peft's `LoraLayer` computes (its default dropout 0 makes the
-dropout an identity): the base layer, the input cast to the adapter's dtype, two small matmuls, a scale and
-an add. Adapters are fp32 (peft upcasts them, `autocast_adapter_dtype`) except under a pure low precision,
+dropout an identity; `--lora-dropout P` makes it a dropout of the cast input, its mask and output saved for the
+backward, one per adapted layer as peft's are): the base layer, the input cast to the adapter's dtype, two
+small matmuls, a scale and an add. Adapters are fp32 (peft upcasts them, `autocast_adapter_dtype`) except under a pure low precision,
 where they take its dtype as the whole model does (LitGPT's bf16-true).
 
 The frozen base (every parameter that is not an adapter) is stored as `--base-weights` says: bf16 (as
@@ -39,9 +40,12 @@ class Adaptation:
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] = ()
     base_weights: str | None = None
+    lora_dropout: float = 0.0
+    """peft's lora_dropout: the probability each adapter drops an element of its input (0: no dropout)."""
 
     def __post_init__(self) -> None:
         assert self.base_weights is None or self.base_weights in BASE_WEIGHTS, self.base_weights
+        assert 0.0 <= self.lora_dropout < 1.0, self.lora_dropout
 
     @property
     def active(self) -> bool:
@@ -51,7 +55,8 @@ class Adaptation:
         """"LoRA r=16 on q_proj, v_proj; base nf4", for the settings line."""
         parts = []
         if self.lora_rank is not None:
-            parts.append(f"LoRA r={self.lora_rank} on {', '.join(self.lora_targets) or 'the attention defaults'}")
+            parts.append(f"LoRA r={self.lora_rank} on {', '.join(self.lora_targets) or 'the attention defaults'}"
+                         + (f", dropout {self.lora_dropout:g}" if self.lora_dropout else ""))
         if self.base_weights is not None:
             parts.append(f"frozen base {self.base_weights}")
         return "; ".join(parts)
@@ -78,7 +83,7 @@ LORA_ADAPTERS = ("lora_A", "lora_B")
 class LoRALinear(nn.Module):
     """A Linear (or Conv1D) with a LoRA adapter beside it, computed as peft's LoraLayer computes it."""
 
-    def __init__(self, base: nn.Module, rank: int, dtype: torch.dtype) -> None:
+    def __init__(self, base: nn.Module, rank: int, dtype: torch.dtype, dropout: float = 0.0) -> None:
         super().__init__()
         in_features, out_features = linear_features(base)
         device = base.weight.device
@@ -87,10 +92,14 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Linear(rank, out_features, bias=False, device=device, dtype=dtype)
         nn.init.zeros_(self.lora_B.weight)
         self.scaling = 2.0  # alpha / r with alpha = 2r, a usual choice; it does not change time or memory
+        self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
-        adapter = self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scaling
+        x = x.to(self.lora_A.weight.dtype)
+        if self.dropout > 0 and self.training:  # peft's nn.Dropout as CUDA runs it: one kernel, a bool mask kept
+            x, _ = torch.native_dropout(x, self.dropout, True)
+        adapter = self.lora_B(self.lora_A(x)) * self.scaling
         return (result + adapter).to(result.dtype)
 
 
@@ -102,8 +111,9 @@ def adapt(model: nn.Module, adaptation: Adaptation, adapter_dtype: torch.dtype, 
     done = []
     if adaptation.lora_rank is not None:
         targets = adaptation.lora_targets or default_targets(model, source)
-        wrapped = _add_lora(model, adaptation.lora_rank, targets, adapter_dtype, source)
-        done.append(f"LoRA r={adaptation.lora_rank} on {wrapped} layers ({', '.join(targets)})")
+        wrapped = _add_lora(model, adaptation.lora_rank, targets, adapter_dtype, source, adaptation.lora_dropout)
+        dropout = f", dropout {adaptation.lora_dropout:g}" if adaptation.lora_dropout else ""
+        done.append(f"LoRA r={adaptation.lora_rank} on {wrapped} layers ({', '.join(targets)}){dropout}")
     if adaptation.base_weights is not None:
         frozen = [p for p in model.parameters() if not p.requires_grad]
         if not frozen:
@@ -154,7 +164,8 @@ def _matches(name: str, targets: tuple[str, ...]) -> bool:
     return any(name == target or name.endswith("." + target) for target in targets)
 
 
-def _add_lora(model: nn.Module, rank: int, targets: tuple[str, ...], dtype: torch.dtype, source: str | None) -> int:
+def _add_lora(model: nn.Module, rank: int, targets: tuple[str, ...], dtype: torch.dtype, source: str | None,
+              dropout: float = 0.0) -> int:
     heads = output_heads(model)
     chosen = [(name, module) for name, module in model.named_modules()
               if name and is_linear(module) and not isinstance(module, LoRALinear)
@@ -169,7 +180,7 @@ def _add_lora(model: nn.Module, rank: int, targets: tuple[str, ...], dtype: torc
     for param in model.parameters():
         param.requires_grad_(False)
     for name, module in chosen:
-        replace_module(model, name, LoRALinear(module, rank, dtype))
+        replace_module(model, name, LoRALinear(module, rank, dtype, dropout))
     return len(chosen)
 
 

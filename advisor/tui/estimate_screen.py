@@ -133,6 +133,8 @@ class EstimateScreen(Screen):
                 yield Input(_text(request.lora), placeholder="none", type="integer", id="lora")
                 yield Label("LoRA targets (a, b, ...)")
                 yield Input(", ".join(request.lora_targets), placeholder="attention defaults", id="lora_targets")
+                yield Label("LoRA dropout")
+                yield Input(_text(request.lora_dropout), placeholder="0", type="number", id="lora_dropout")
                 yield Label("Frozen base weights")
                 yield Select([(b, b) for b in BASE_WEIGHTS], value=request.base_weights or NO_SELECTION,
                              prompt="default", id="base_weights")
@@ -266,6 +268,7 @@ class EstimateScreen(Screen):
             max_price_usd=parse_number(value("max_price"), float, "max card price"),
             lora=parse_number(value("lora"), int, "LoRA rank"),
             lora_targets=tuple(t.strip() for t in value("lora_targets").split(",") if t.strip()),
+            lora_dropout=parse_number(value("lora_dropout"), float, "LoRA dropout"),
             base_weights=chosen("base_weights"),
             plans=str(chosen("plans_mode")),
             input_pipeline=self.query_one("#input_pipeline", Switch).value,
