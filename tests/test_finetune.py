@@ -322,3 +322,11 @@ def test_backward_ops_name_the_same_module_whatever_the_hash_seed() -> None:
             for seed in range(6)]
     assert all(run == runs[0] for run in runs[1:])
     assert any(phase == "backward" and module.endswith("lora_A") for phase, module, _ in runs[0])
+
+
+@pytest.mark.parametrize("argv, says", [(["--lora-dropout", "0.1"], "give their rank with --lora RANK"),
+                                        (["--lora", "8", "--lora-dropout", "1.5"], "a probability from 0 up to 1")])
+def test_a_wrong_lora_dropout_is_one_sentence_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                         says: str) -> None:
+    code, _, err = run(capsys, "estimate", "mlp", *argv, "--gpu", "h100-sxm", "--no-input-pipeline")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and says in err
