@@ -18,6 +18,7 @@ How each source ran (decisions, from the sources' scripts; SOURCES.md says what 
   AdamW took the foreach form on CUDA: torch 1.13's per-parameter AdamW made no full-size temporaries, so it is
   traced as `adamw-fused` (the same state, no list-wide temporaries). The README does not state its method; its
   scripts' TorchTracemalloc reads max_memory_allocated: compared the same way, GB = 1e9 bytes.
+- LoRA dropout as each source set it (2026-11-28): LitGPT 0.05, the PEFT examples 0.1 (`--lora-dropout`).
 
     python benchmarks/finetune_memory.py        # ~2 minutes on 2 cores
 """
@@ -100,10 +101,17 @@ def request_for(row: Row) -> PlanRequest:
         base = "nf4-dq" if "nf4-dq" in row.precision else "nf4" if "nf4" in row.precision else None
         return PlanRequest(model=model, batch_size=128, micro_batch=row.micro_batch, precision="bf16",
                            optimizer="adamw", seq_len=seq_len, lora=8, lora_targets=targets, base_weights=base,
-                           gpus=(GPU[row.gpu],), trace_timeout_s=0)
+                           gpus=(GPU[row.gpu],), trace_timeout_s=0, lora_dropout=LITGPT_LORA_DROPOUT)
     return PlanRequest(model=model, batch_size=row.micro_batch, precision="fp32", optimizer="adamw-fused",
                        seq_len=seq_len, lora=8 if lora else None, lora_targets=targets, gpus=(GPU[row.gpu],),
-                       trace_timeout_s=0)
+                       trace_timeout_s=0, lora_dropout=PEFT_EXAMPLES_LORA_DROPOUT if lora else None)
+
+
+LITGPT_LORA_DROPOUT = 0.05
+"""lit-gpt's finetune/lora.py `lora_dropout = 0.05` (its one dropout is on the fused QKV layer's input; the
+hf: model's separate q_proj and v_proj drop it twice, one mask and dropped input more per layer)."""
+PEFT_EXAMPLES_LORA_DROPOUT = 0.1
+"""The PEFT README's example scripts' LoraConfig(r=8, lora_alpha=32, lora_dropout=0.1)."""
 
 
 TARGET_TOKENS = 3
