@@ -18,7 +18,8 @@ How each source ran (decisions, from the sources' scripts; SOURCES.md says what 
   AdamW took the foreach form on CUDA: torch 1.13's per-parameter AdamW made no full-size temporaries, so it is
   traced as `adamw-fused` (the same state, no list-wide temporaries). The README does not state its method; its
   scripts' TorchTracemalloc reads max_memory_allocated: compared the same way, GB = 1e9 bytes.
-- LoRA dropout as each source set it (2026-11-28): LitGPT 0.05, the PEFT examples 0.1 (`--lora-dropout`).
+- LoRA dropout (`--lora-dropout`, 2026-11-28): the PEFT examples' 0.1; LitGPT's 0.05 is not expressible as it
+  ran it (LITGPT_LORA_DROPOUT).
 
     python benchmarks/finetune_memory.py        # ~2 minutes on 2 cores
 """
@@ -101,15 +102,17 @@ def request_for(row: Row) -> PlanRequest:
         base = "nf4-dq" if "nf4-dq" in row.precision else "nf4" if "nf4" in row.precision else None
         return PlanRequest(model=model, batch_size=128, micro_batch=row.micro_batch, precision="bf16",
                            optimizer="adamw", seq_len=seq_len, lora=8, lora_targets=targets, base_weights=base,
-                           gpus=(GPU[row.gpu],), trace_timeout_s=0, lora_dropout=LITGPT_LORA_DROPOUT)
+                           gpus=(GPU[row.gpu],), trace_timeout_s=0)  # no --lora-dropout: LITGPT_LORA_DROPOUT
     return PlanRequest(model=model, batch_size=row.micro_batch, precision="fp32", optimizer="adamw-fused",
                        seq_len=seq_len, lora=8 if lora else None, lora_targets=targets, gpus=(GPU[row.gpu],),
                        trace_timeout_s=0, lora_dropout=PEFT_EXAMPLES_LORA_DROPOUT if lora else None)
 
 
 LITGPT_LORA_DROPOUT = 0.05
-"""lit-gpt's finetune/lora.py `lora_dropout = 0.05` (its one dropout is on the fused QKV layer's input; the
-hf: model's separate q_proj and v_proj drop it twice, one mask and dropped input more per layer)."""
+"""lit-gpt's finetune/lora.py `lora_dropout = 0.05`, not given to its rows: its one dropout per layer sits on
+its fused QKV layer's input, where the hf: model's separate q_proj and v_proj would drop it twice (two masks
+and dropped inputs where lit-gpt keeps one); 0 keeps one too few, 0.05 one too many, and measured both ways
+(2026-11-28) LitGPT's rows went 17.9% -> 19.7% with it (Llama 2 closer, phi-1.5 further over): left at 0."""
 PEFT_EXAMPLES_LORA_DROPOUT = 0.1
 """The PEFT README's example scripts' LoraConfig(r=8, lora_alpha=32, lora_dropout=0.1)."""
 
