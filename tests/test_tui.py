@@ -601,9 +601,9 @@ def test_a_change_that_traces_again_says_so_at_once() -> None:
     drive(scenario)
 
 
-def test_a_change_of_gpus_or_prices_reuses_the_traced_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Devices, provider, spot and the job do not change the traced step: the screen's second estimate
-    reuses it (no trace runs), a batch change traces again (PlanRequest.trace_key)."""
+def count_traces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch of every step traced from now on (estimate.plan.trace_pair's calls); none: estimates reused
+    the step traced before."""
     import advisor.estimate.plan as estimate_plan
 
     traced: list[int] = []
@@ -614,6 +614,13 @@ def test_a_change_of_gpus_or_prices_reuses_the_traced_step(monkeypatch: pytest.M
         return original(model, settings, *args, **kwargs)
 
     monkeypatch.setattr(estimate_plan, "trace_pair", counting)
+    return traced
+
+
+def test_a_change_of_gpus_or_prices_reuses_the_traced_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices, provider, spot and the job do not change the traced step: the screen's second estimate
+    reuses it (no trace runs), a batch change traces again (PlanRequest.trace_key)."""
+    traced = count_traces(monkeypatch)
 
     async def scenario(app: AdvisorApp, pilot) -> None:
         from textual.widgets import Switch
@@ -663,3 +670,24 @@ def test_the_detail_says_when_a_gpu_holds_the_step_only_with_allocator_flushes(t
             assert "Tight fit" not in shown["a100-sxm4-40gb"]
 
     run(scenario)
+
+
+def test_packed_documents_are_timed_without_tracing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--packing is not a trace field: a change of it re-times attention on the step traced already."""
+    pytest.importorskip("transformers")
+    traced = count_traces(monkeypatch)
+    app = AdvisorApp(DB, PlanRequest(model="hf:openai-community/gpt2", seq_len=1024, batch_size=4, precision="bf16",
+                                     gpus=("h100-sxm",), input_pipeline=False))
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(pilot)
+            screen = app.screen
+            whole, first = screen.estimate.results[0].step_time_s, len(traced)
+            screen.query_one("#packing", Input).value = "128"
+            screen.action_estimate()
+            await settled(pilot)
+            assert screen.estimate.settings.packing == 128 and len(traced) == first  # the same trace
+            assert screen.estimate.results[0].step_time_s < whole
+
+    asyncio.run(scenario())
