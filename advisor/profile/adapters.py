@@ -48,6 +48,11 @@ class Adaptation:
         assert 0.0 <= self.lora_dropout < 1.0, self.lora_dropout
 
     @property
+    def dropout_phrase(self) -> str:
+        """", dropout 0.05" after the adapters' description, "" without dropout."""
+        return f", dropout {self.lora_dropout:g}" if self.lora_dropout else ""
+
+    @property
     def active(self) -> bool:
         return self.lora_rank is not None or self.base_weights is not None
 
@@ -56,7 +61,7 @@ class Adaptation:
         parts = []
         if self.lora_rank is not None:
             parts.append(f"LoRA r={self.lora_rank} on {', '.join(self.lora_targets) or 'the attention defaults'}"
-                         + (f", dropout {self.lora_dropout:g}" if self.lora_dropout else ""))
+                         + self.dropout_phrase)
         if self.base_weights is not None:
             parts.append(f"frozen base {self.base_weights}")
         return "; ".join(parts)
@@ -112,8 +117,8 @@ def adapt(model: nn.Module, adaptation: Adaptation, adapter_dtype: torch.dtype, 
     if adaptation.lora_rank is not None:
         targets = adaptation.lora_targets or default_targets(model, source)
         wrapped = _add_lora(model, adaptation.lora_rank, targets, adapter_dtype, source, adaptation.lora_dropout)
-        dropout = f", dropout {adaptation.lora_dropout:g}" if adaptation.lora_dropout else ""
-        done.append(f"LoRA r={adaptation.lora_rank} on {wrapped} layers ({', '.join(targets)}){dropout}")
+        done.append(f"LoRA r={adaptation.lora_rank} on {wrapped} layers ({', '.join(targets)})"
+                    + adaptation.dropout_phrase)
     if adaptation.base_weights is not None:
         frozen = [p for p in model.parameters() if not p.requires_grad]
         if not frozen:
