@@ -35,6 +35,7 @@ from printed import print_report  # noqa: E402
 
 from advisor.estimate.ops import CUDNN_OPS  # noqa: E402
 from advisor.hardware.loader import load_hwdb  # noqa: E402
+from advisor.profile.trace import OpRecord  # noqa: E402
 
 HOST_BOUND_BUSY = 0.5
 """A row whose GPU ran kernels less than this share of the step waited on its host."""
@@ -58,6 +59,7 @@ def host_rows(folder: Path) -> tuple[list[dict], float, dict]:
     kernels = device_seconds(folder)
     profile = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))["profile"]
     overhead = profile["overheads_s"]["autograd"]
+    dispatch = profile["overheads_s"]["dispatch"]
     rows = []
     for row in run.steps.rows():
         key = groundtruth.RowKey.of(row)
@@ -67,23 +69,32 @@ def host_rows(folder: Path) -> tuple[list[dict], float, dict]:
         trace = predictor.trace(specs[key.model], key)
         if isinstance(trace, str):
             continue
-        counts = Counter("cudnn" if r.op in CUDNN_OPS else "other" for r in trace.records)
+        counts = Counter(op_kind(r) for r in trace.records)
         step_s = float(row["step_time_median_s"])
         rows.append({"label": f"{folder.name} {key.label}", "model": key.model, "step_s": step_s,
                      "busy": kernel_s / step_s, "other": counts["other"], "cudnn": counts["cudnn"],
-                     "autograd": overhead})
+                     "engine": counts["engine"], "known_s": counts["engine"] * dispatch, "autograd": overhead})
     return rows, overhead, run.environment()
 
 
+def op_kind(record: OpRecord) -> str:
+    """"engine" for a gradient the autograd engine sums (costed at the calibrated dispatch overhead, not fitted:
+    estimate/step.py host_seconds), "cudnn" for a convolution or batch norm, else "other"."""
+    if record.engine_sum:
+        return "engine"
+    return "cudnn" if record.op in CUDNN_OPS else "other"
+
+
 def fit(rows: list[dict]) -> np.ndarray:
-    """Seconds per step, per op and per cuDNN op, non-negative least squares."""
+    """Seconds per step, per op and per cuDNN op, non-negative least squares, over each step less its engine
+    sums' known dispatch cost."""
     matrix = np.array([[1.0, r["other"], r["cudnn"]] for r in rows])
-    solution, _ = nnls(matrix, np.array([r["step_s"] for r in rows]))
+    solution, _ = nnls(matrix, np.array([r["step_s"] - r["known_s"] for r in rows]))
     return solution
 
 
 def predicted(row: dict, solution: np.ndarray) -> float:
-    return float(solution[0] + solution[1] * row["other"] + solution[2] * row["cudnn"])
+    return float(solution[0] + solution[1] * row["other"] + solution[2] * row["cudnn"] + row["known_s"])
 
 
 def report(folders: list[Path]) -> list[str]:
@@ -107,15 +118,17 @@ def report(folders: list[Path]) -> list[str]:
                   f"{solution[2] * 1e6:.1f} us per cuDNN op (convolution, batch norm)",
               f"over the calibrated autograd overhead ({base * 1e6:.1f} us): per op {solution[1] / base:.2f}x, "
               f"per cuDNN op {solution[2] / base:.2f}x",
-              "", f"{'row':<58} {'ops':>5} {'cuDNN':>5} {'busy':>5} {'step ms':>8} {'fit':>7} {'err':>7} "
+              f"engine sums (gradients summed where a tensor fed several ops) at the calibrated dispatch overhead, "
+              "not fitted",
+              "", f"{'row':<58} {'ops':>5} {'cuDNN':>5} {'sums':>5} {'busy':>5} {'step ms':>8} {'fit':>7} {'err':>7} "
                   f"{'loop':>7} {'err':>7}"]
     errors, loop_errors = [], []
     for r in bound:
         fitted = predicted(r, solution)
-        loop = r["autograd"] * (r["other"] + r["cudnn"])
+        loop = r["autograd"] * (r["other"] + r["cudnn"] + r["engine"])
         errors.append(fitted / r["step_s"] - 1)
         loop_errors.append(loop / r["step_s"] - 1)
-        lines.append(f"{r['label']:<58} {r['other']:>5} {r['cudnn']:>5} {r['busy']:>5.0%} {r['step_s'] * 1e3:>8.2f} "
+        lines.append(f"{r['label']:<58} {r['other']:>5} {r['cudnn']:>5} {r['engine']:>5} {r['busy']:>5.0%} {r['step_s'] * 1e3:>8.2f} "
                      f"{fitted * 1e3:>7.2f} {errors[-1]:>+7.1%} {loop * 1e3:>7.2f} {loop_errors[-1]:>+7.1%}")
     lines.append(f"median |error|: fit {statistics.median(abs(e) for e in errors):.1%}, "
                  f"loop-timed overhead per op {statistics.median(abs(e) for e in loop_errors):.1%} (n={len(bound)})")

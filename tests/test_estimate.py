@@ -101,6 +101,18 @@ def test_gpu_queues_kernels_behind_the_host() -> None:
     assert all(op.bound == "overhead" for op in tiny.ops)
 
 
+def test_a_gradient_the_engine_sums_costs_the_host_a_plain_dispatch() -> None:
+    device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
+    # 100 tiny backward adds: as ops of the step, 4 x the 10 us autograd overhead each (STEP_HOST_RATIO) = 4 ms;
+    # summed by the autograd engine in C++ (OpRecord.engine_sum), the 10 us dispatch each = 1 ms
+    summed = dataclasses.replace(add(1000, phase="backward"), engine_sum=True)
+    assert estimate_records([add(1000, phase="backward")] * 100, "fp32", device).step_s == pytest.approx(100 * 4e-5)
+    assert estimate_records([summed] * 100, "fp32", device).step_s == pytest.approx(100 * 1e-5)
+    # so on a CPU: the dispatch, not CPU_STEP_HOST_RATIO x the autograd overhead; plus its 0.24 us of kernel
+    cpu = DeviceModel("cpu", "cpu", synthetic_profile(dispatch_s=1e-5))
+    assert estimate_records([summed], "fp32", cpu).step_s == pytest.approx(1e-5 + 0.24e-6)
+
+
 def test_a_value_read_back_makes_the_host_wait_for_the_device() -> None:
     device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
     read = OpRecord("optimizer", "(optimizer)", "_local_scalar_dense", 0.0, 0, 0, ("float32",), False, True,

@@ -227,3 +227,26 @@ def test_fused_adam_is_one_kernel_without_temporaries(optimizer: str) -> None:
     # writes parameters and both moments: 3 x 60 = 180 B
     assert (fused.bytes_read, fused.bytes_written) == (248, 180)
     assert not any(r.allocated for r in trace.records if r.phase == "optimizer")  # no temporaries
+
+
+class FanOut(torch.nn.Module):
+    """A Linear whose output feeds three ops, and a tensor used twice by one op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.fc(x)
+        return hidden.sin() + hidden.cos() + hidden * hidden
+
+
+def test_gradients_summed_by_the_engine_are_marked() -> None:
+    trace = trace_training_step(FanOut, inputs, 4, "fp32", "sgd")
+    summed = [r for r in trace.records if r.engine_sum]
+    # hidden feeds sin, cos and mul (twice: mul's two inputs are two edges to hidden's node): 4 gradients
+    # arrive at AddmmBackward's input, 3 summed in backward; the forward's two adds are the model's own
+    assert [(r.phase, r.op) for r in summed] == [("backward", "add")] * 3
+    assert sum(r.op == "add" and r.phase == "forward" and r.module == "" for r in trace.records) == 2
+    # a plain MLP feeds every tensor to one op: nothing summed
+    assert not any(r.engine_sum for r in trace_training_step(mlp, inputs, 4, "fp32", "sgd").records)

@@ -437,11 +437,14 @@ STEP_HOST_RATIO = 4.0
 nn.Module calls, the autograd engine running each backward node, the optimizer's Python, cuBLAS and cuDNN
 calls that launch several kernels. Measured on an H100's host (benchmarks/results/gpu_host_overhead.txt,
 2026-11-27): 57.5 us per op where the loop took 14.5 us, fitted over the 12 steps that kept the GPU busy
-under half the time (the device waited on the host), across BERT, an MLP, MobileNetV2 and ResNet-50."""
+under half the time (the device waited on the host), across BERT, an MLP, MobileNetV2 and ResNet-50. Fitted
+again with the engine's gradient sums at the dispatch overhead (2026-11-28): 59.7 us (4.11x); 4.0 kept, the
+fit's own spread being wider (leaving one model out: 57.4-59.7 us per op, or a degenerate fit without BERT)."""
+
 
 CONV_STEP_HOST_RATIO = 7.4
 """The same for a convolution or batch norm (cuDNN's calls: its plan cache and heuristics run on the host
-every call): 107 us per op on that host, 7.4 x its autograd overhead."""
+every call): 107 us per op on that host, 7.4 x its autograd overhead (106.7 us, 7.35x, fitted again)."""
 
 
 CPU_STEP_HOST_RATIO = 15.0
@@ -469,7 +472,10 @@ def host_seconds(record: OpRecord, overheads: dict[str, float], cpu: bool = Fals
     phase, but for an optimizer's op on one tensor: an optimizer that loops over its parameters in Python
     (DeepLearningExamples' BertAdam, a model file's own) issues plain ops under no_grad one after the
     other, as the calibration's dispatch loop does, with no module call, autograd node or library call of
-    the step's ratio: the calibrated dispatch overhead."""
+    the step's ratio: the calibrated dispatch overhead. So does a gradient the autograd engine sums in C++
+    (OpRecord.engine_sum: DenseNet-121's 535), on a GPU and a CPU alike."""
+    if record.engine_sum:
+        return overheads.get("dispatch", 0.0)
     if not cpu and not compiled:
         if record.phase == "optimizer" and record.tensors <= 1 and not record.op.startswith("_foreach_"):
             return overheads.get("dispatch", 0.0)

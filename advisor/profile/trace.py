@@ -47,6 +47,7 @@ from advisor.profile.background import CHILD_GRACE_S, ForkedCall, backward_runs_
 from advisor.profile.build import ValuesLeftUnwritten, fake_twins, weights_on_meta
 from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, NormGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
+from advisor.profile.engine_sums import EngineSums
 from advisor.profile.finite import FiniteActivations
 from advisor.profile.float8 import convert_to_float8
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
@@ -139,13 +140,15 @@ class OpRecord:
     """A batch norm's channels and layout (costs.OpCost.norm)."""
     masked: bool = False
     """A fused attention call given an explicit mask (costs.OpCost.masked)."""
+    engine_sum: bool = False
+    """A gradient the autograd engine summed into a tensor's gradient buffer, outside any node (engine_sums.py)."""
 
     def anonymous(self) -> tuple:
         """Everything but its module and dataflow, as a tuple: what the op costs depends on, and what a
         repeated block's copy of it shares (estimate/step.py, repeated.py)."""
         return (self.phase, self.op, self.flops, self.bytes_read, self.bytes_written, self.dtypes, self.matmul,
                 self.counted, self.gemm, self.allocated, self.conv, self.tensors, self.transposed, self.dropout,
-                self.synchronizes, self.norm, self.masked)
+                self.synchronizes, self.norm, self.masked, self.engine_sum)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -436,6 +439,11 @@ class _Recorder(TorchDispatchMode):
             self.records.extend(records)
             self.ticks.extend([self.memory.tick] * len(records))
         return out
+
+    def mark_engine_sums(self, sums: EngineSums) -> None:
+        """Mark the records of the gradients the autograd engine summed while backward ran (engine_sums.py)."""
+        for index in sums.marked([record.op for record in self.records]):
+            self.records[index] = replace(self.records[index], engine_sum=True)
 
     def answered_read_back(self, tensor: torch.Tensor, value: bool) -> None:
         """A value check that finite.FiniteActivations answered: recorded as the read back a real step makes."""
@@ -958,7 +966,11 @@ def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None
                 recorder.phase, tracker.in_backward = "backward", True
                 backward_runs_here()  # a child forked from now on could not trace (background.can_fork)
                 with user_code("backward through the loss", source, DATA_DEPENDENT_ERRORS):
-                    (loss if scaler is None else scaler.scale(loss)).backward()
+                    root = loss if scaler is None else scaler.scale(loss)
+                    with EngineSums(root, lambda: len(recorder.records)) as sums:
+                        root.backward()
+                    del root
+                recorder.mark_engine_sums(sums)
             if before:
                 _check_accumulated_in_place(before, memory)
             elif runs and not replicate_optimizer:
