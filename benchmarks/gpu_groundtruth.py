@@ -890,6 +890,26 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
 
 
+def cpu_identity(cpu: Any) -> dict[str, Any]:
+    """What names the host CPU's generation where a VM hides its model name ("Intel(R) Xeon(R) Processor"): its
+    CPUID vendor, family, model and stepping (/proc/cpuinfo), clock (Hz), vector extensions and last-level cache
+    (bytes). A GPU step's host time per op follows this CPU's single-thread speed (docs/accuracy.md, #28)."""
+    numbers: dict[str, int] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                if key.strip() in ("model", "stepping") and value.strip().isdigit():
+                    numbers[key.strip()] = int(value)
+    except OSError:
+        pass
+    return {"vendor": cpu.vendor, "family": cpu.family, "model": numbers.get("model"),
+            "stepping": numbers.get("stepping"), "clock_hz": cpu.clock_hz, "extensions": list(cpu.vector_extensions),
+            "last_level_cache_bytes": cpu.last_level_cache_bytes}
+
+
 def describe_machine(dry: bool, db: HardwareDB, gpu_id: str | None) -> dict[str, Any]:
     """environment.json: date, GPU, driver, CUDA, cuDNN, torch, python, CPU, the CUDA context's size."""
     cpu = probe_cpu()
@@ -898,7 +918,7 @@ def describe_machine(dry: bool, db: HardwareDB, gpu_id: str | None) -> dict[str,
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu.model,
-        "cpu_cores": cpu.usable_cores, "torch_threads": torch.get_num_threads(),
+        "cpu_cores": cpu.usable_cores, "cpu_identity": cpu_identity(cpu), "torch_threads": torch.get_num_threads(),
         "precisions": PRECISION_NOTES, "cudnn_benchmark": not dry,
         "settings": dataclasses.asdict(DRY if dry else REAL), "repository": _git_state(),
     }
