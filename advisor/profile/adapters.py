@@ -56,16 +56,6 @@ class Adaptation:
     def active(self) -> bool:
         return self.lora_rank is not None or self.base_weights is not None
 
-    def describe(self) -> str:
-        """"LoRA r=16 on q_proj, v_proj; base nf4", for the settings line."""
-        parts = []
-        if self.lora_rank is not None:
-            parts.append(f"LoRA r={self.lora_rank} on {', '.join(self.lora_targets) or 'the attention defaults'}"
-                         + self.dropout_phrase)
-        if self.base_weights is not None:
-            parts.append(f"frozen base {self.base_weights}")
-        return "; ".join(parts)
-
 
 def is_linear(module: nn.Module) -> bool:
     """An nn.Linear, or transformers' Conv1D (GPT-2's Linear with a transposed weight)."""
