@@ -750,7 +750,7 @@ def plan_outcome(published: Published, row: dict[str, str], run: PlanRun, gpu: G
     micro = f"/{run.micro_batch}" if run.micro_batch and run.micro_batch != run.batch else ""
     tensor = f"+tp{run.tp}" if run.tp > 1 else ""
     where = f"{gpu.id} x{run.gpus} {run.strategy}{tensor}" if run.gpus > 1 else gpu.id
-    model = Path(run.model).stem if run.model.endswith(".py") else run.model  # newer_rows.padded_model_file
+    model = run.model + ("-padded" if run.padding_mask else "")
     label = (f"{row['source_id']}: {model.split('/')[-1]}{lora} b{run.batch}{micro} {run.precision}"
              f"{' ckpt' if run.checkpointing else ''}{' compile' if run.compiled else ''} on {where}")
     return Outcome(Row(label, model, gpu.id, float(row["value"]), measure(result.step.step_s), measure(bare_s),

@@ -18,10 +18,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from accuracy import channels_last
-from newer_rows import ULT_SAMPLE_TOKENS
 from zoo import ZOO, VGG16, BasicBlock, DenseNet121, EfficientNet, ModelParts, ResNet, classification_loss, example, images
 
-from advisor.profile.model_file import builtin_examples, load_model_file
+from advisor.profile.model_file import builtin_examples, load_model_file, with_padding
 
 LAYOUTS_CNN = ("nchw", "channels_last")
 DRY_BATCHES = (2, 4)
@@ -266,20 +265,13 @@ def _hf_llama_long_padded(dry: bool) -> ModelParts:
     """_hf_llama_long with the attention mask universal-llm-trainer's GPU test passed: its `--gpu_test` mode
     draws random token ids over all 8,192 positions but keeps the mask of the ARC sample it loaded, ones over
     the sample's tokens and zeros to 8,192 (ljm565/universal-llm-trainer @aefdc4a,
-    src/data_collection/qa_dataset.py __getitem__ and src/trainer/trainer.py line 279). Transformers then
-    hands scaled_dot_product_attention a 4-D mask, which flash attention does not take: torch runs the
+    src/data_collection/qa_dataset.py __getitem__ and src/trainer/trainer.py line 279); here the mask
+    --padding-mask gives (model_file.with_padding: any mask short of the sequence runs the same kernels).
+    Transformers then hands scaled_dot_product_attention a 4-D mask, which flash attention does not take: torch runs the
     memory-efficient kernels over all s x s scores. Measured beside hf_llama_1b_ckpt, it tells whether that
     is why ULT_GPU_TEST ran 1.6-3.2x our predicted steps."""
     build, example_input, loss = _hf_llama_long(dry)
-
-    def padded_input(batch: int) -> dict[str, torch.Tensor]:
-        inputs = example_input(batch)
-        ids = inputs["input_ids"]
-        mask = torch.zeros_like(ids)
-        mask[:, :min(ULT_SAMPLE_TOKENS, ids.shape[1] // 2)] = 1
-        return {**inputs, "attention_mask": mask}
-
-    return build, padded_input, loss
+    return build, lambda batch: with_padding(example_input(batch)), loss
 
 
 LONG_SEQ_LEN = 8192

@@ -114,6 +114,8 @@ class PlanRun:
     """--packing: each sequence packed from documents of this many tokens, attention within each."""
     lora_dropout: float | None = None
     """--lora-dropout: peft's lora_dropout of the adapters."""
+    padding_mask: bool = False
+    """--padding-mask: the inputs carry an attention mask with zeros over padding."""
 
     def request(self, gpu_id: str) -> PlanRequest:
         """The PlanRequest of this run on `gpu_id` (one optimizer step, no input pipeline, no fit advisor)."""
@@ -124,7 +126,8 @@ class PlanRun:
                            parallel=self.strategy if self.gpus > 1 else "auto", steps=1, seq_len=self.seq_len,
                            lora=self.lora, lora_targets=self.lora_targets, base_weights=self.base_weights,
                            plans="never", input_pipeline=False, compiled=self.compiled,
-                           tp=self.tp if self.tp > 1 else None, packing=self.packing, lora_dropout=self.lora_dropout)
+                           tp=self.tp if self.tp > 1 else None, packing=self.packing, lora_dropout=self.lora_dropout,
+                           padding_mask=self.padding_mask)
 
     @property
     def accumulation(self) -> int:
@@ -429,49 +432,6 @@ def torchtune(row: dict[str, str]) -> PlanRun | str:
                    base_weights="nf4-dq" if method == "qlora" else None, **common)
 
 
-ULT_SAMPLE_TOKENS = 160
-"""Tokens of one ARC question with its answer in universal-llm-trainer's templates, about: the ones of the
-attention mask its GPU test kept (every position after them is padding). Any count below the sequence
-length makes the mask non-trivial; the kernels run the same work whatever it is (groundtruth_models.py's
-hf_llama_1b_ckpt_padded measures the recipe on a GPU)."""
-
-PADDED_MODEL_DIR = Path(__file__).resolve().parent / "results" / "padded_models"
-"""Where padded_model_file writes its model files (written again by every run; the trace cache keys them
-by content)."""
-
-PADDED_MODEL_FILE = '''"""{spec} fed as universal-llm-trainer's GPU test fed it: random token ids over every position
-and the attention mask of the sample it loaded, {kept} ones and zeros after them (written by
-benchmarks/newer_rows.py, padded_model_file)."""
-
-from advisor.profile import hub
-
-CONFIG = hub.resolve_config("{spec}")
-SEQ_LEN = hub.default_seq_len(CONFIG.config)
-build_model = hub.build_function(CONFIG)
-loss_fn = hub.model_loss
-_tokens = hub.input_function(CONFIG.config)
-
-
-def example_input(batch_size, seq_len=None):
-    inputs = _tokens(batch_size, seq_len)
-    mask = inputs["input_ids"].new_zeros(inputs["input_ids"].shape)
-    mask[:, :{kept}] = 1
-    return {{**inputs, "attention_mask": mask}}
-'''
-
-
-def padded_model_file(spec: str, kept: int = ULT_SAMPLE_TOKENS) -> str:
-    """A model file (its path) of the `hf:` model `spec` whose inputs carry a padding mask that keeps the
-    first `kept` tokens: transformers then hands scaled_dot_product_attention a 4-D mask, which flash
-    attention does not take."""
-    PADDED_MODEL_DIR.mkdir(parents=True, exist_ok=True)
-    path = PADDED_MODEL_DIR / f"{spec.split('/')[-1]}-padded.py"
-    text = PADDED_MODEL_FILE.format(spec=spec, kept=kept)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return str(path)
-
-
 ULT_LORA_DROPOUT = 0.05
 """universal-llm-trainer's peft LoraConfig lora_dropout (config_lora/llm_lora_config.yaml @4e15b5f)."""
 
@@ -483,15 +443,17 @@ def universal_llm_trainer(row: dict[str, str]) -> PlanRun | str:
     (ljm565/universal-llm-trainer src/trainer/trainer.py @aefdc4a) runs forward and backward per batch and
     steps the optimizer every `gradient_accumuate_step` batches (SOURCES-newer.md left this open). Its
     `--gpu_test` mode draws random ids over all 8,192 positions but keeps the loaded ARC sample's attention
-    mask (src/data_collection/qa_dataset.py __getitem__, src/trainer/trainer.py line 279): the inputs carry
-    that padding mask (padded_model_file)."""
+    mask (src/data_collection/qa_dataset.py __getitem__, src/trainer/trainer.py line 279): the inputs carry a
+    padding mask (--padding-mask; its share of padding is the product's, not the sample's ~160 tokens: any
+    mask below the sequence length runs the same masked kernels over every score)."""
     precision = precision_or_reason(row, "bf16")
     if precision not in PRECISIONS:
         return precision
     lora = method_of(row) == "lora"
-    return PlanRun(padded_model_file(str(model_of(row))), precision, "adamw", int(row["batch_size_per_gpu"]), None,
+    return PlanRun(str(model_of(row)), precision, "adamw", int(row["batch_size_per_gpu"]), None,
                    seq_len_of(row), True, 8 if lora else None, (ALL_LINEAR,) if lora else (),
-                   assumption="one micro-batch per step" if lora else "", lora_dropout=ULT_LORA_DROPOUT if lora else None)
+                   assumption="one micro-batch per step" if lora else "", lora_dropout=ULT_LORA_DROPOUT if lora else None,
+                   padding_mask=True)
 
 
 SOURCE_RUNS: dict[str, Callable[[dict[str, str]], Run | str]] = {

@@ -344,8 +344,8 @@ def test_the_padded_long_sequence_llm_makes_attention_compute_every_score() -> N
         return sum(r.flops for r in trace.records if r.op == "_scaled_dot_product_flash_attention_for_cpu")
 
     mask = models._hf_llama_long_padded(True)[1](2)["attention_mask"]
-    # dry: 32 tokens, the sample's ones over the first min(160, 32 // 2) = 16
-    assert mask.shape == (2, 32) and mask.sum().item() == 2 * 16 and mask[:, :16].all()
+    # dry: 32 tokens, --padding-mask's ones over the first 75%: round(32 * 0.75) = 24
+    assert mask.shape == (2, 32) and mask.sum().item() == 2 * 24 and mask[:, :24].all()
     # 2 x 4 heads, 32 x 32 scores, head dim 16: 2 * 8 * 32 * 32 * (16 + 16) = 524,288 FLOPs a call, 4 calls (2
     # layers, forward and checkpointed recompute) = 2,097,152; causal: x (32 + 1) / (2 * 32) = 1,081,344
     assert attention_flops(models._hf_llama_long_padded) == pytest.approx(4 * 524_288)

@@ -13,7 +13,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import newer_rows  # noqa: E402
 from newer_rows import (  # noqa: E402
-    ULT_SAMPLE_TOKENS,
     PlanRun,
     VisionRun,
     family_name,
@@ -22,13 +21,6 @@ from newer_rows import (  # noqa: E402
     run_of,
 )
 
-from advisor.profile.model_file import load_model_file  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def padded_models_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """universal-llm-trainer's rows write their padded model files here, not into benchmarks/results."""
-    monkeypatch.setattr(newer_rows, "PADDED_MODEL_DIR", tmp_path)
 
 
 def test_batch_search_takes_the_largest_that_fits_going_down_by_32() -> None:
@@ -78,19 +70,15 @@ def test_a_lora_row_is_built_as_its_source_ran_it() -> None:
     run = run_of(row())
     assert isinstance(run, PlanRun)
     assert run == PlanRun(run.model, "bf16", "adamw", 2, None, 8192, True, 8, ("all-linear",),
-                          assumption="one micro-batch per step", lora_dropout=0.05)
+                          assumption="one micro-batch per step", lora_dropout=0.05, padding_mask=True)
     assert run_of(row(), gpu_known=False) == "GPU not in hwdb"
 
 
 def test_universal_llm_trainers_rows_carry_its_padding_mask() -> None:
-    # its GPU test keeps the loaded sample's mask: ULT_SAMPLE_TOKENS ones, zeros to 8,192
+    # its GPU test keeps the loaded sample's mask over random ids: the hf: model with --padding-mask
     run = run_of(row())
-    assert isinstance(run, PlanRun) and run.model.endswith("Llama-3.1-8B-padded.py")
-    model = load_model_file(run.model)
-    inputs = model.example_input(2)
-    mask = inputs["attention_mask"]
-    assert mask.shape == inputs["input_ids"].shape == (2, model.seq_len)
-    assert int(mask.sum()) == 2 * ULT_SAMPLE_TOKENS and bool(mask[:, :ULT_SAMPLE_TOKENS].all())
+    assert isinstance(run, PlanRun) and run.model == "hf:meta-llama/Llama-3.1-8B" and run.padding_mask
+    assert run.request("h100-sxm").padding_mask
 
 
 def test_model_parallel_layouts_are_skipped_with_their_reason() -> None:
