@@ -86,27 +86,27 @@ def test_a_cpu_gemm_pays_the_packing_of_its_second_operand() -> None:
 
 def test_gpu_queues_kernels_behind_the_host() -> None:
     device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
-    # An op of a real step costs the host 4 x the 10 us autograd overhead (STEP_HOST_RATIO) = 40 us. In a
+    # An op of a real step costs the host 4.1 x the 10 us autograd overhead (STEP_HOST_RATIO) = 41 us. In a
     # training loop the host issues the next step while the device runs this one: a step that reads
-    # nothing back takes max(host, kernels). mm (4 ms) + add (0.24 ms) against 80 us of host: 4.24 ms.
+    # nothing back takes max(host, kernels). mm (4 ms) + add (0.24 ms) against 82 us of host: 4.24 ms.
     step = estimate_records([mm(1000, 1000, 1000), add(1_000_000)], "fp32", device)
     assert step.step_s == pytest.approx(4e-3 + 0.24e-3)
     assert [op.wait_s for op in step.ops] == [0.0, 0.0] and step.by_bound["overhead"] == 0.0
-    # 100 tiny adds (1,000 floats: 12 kB / 5e10 B/s = 0.24 us each) against 40 us of host each: the
-    # host's 4 ms, of which the device waits 4 ms - 24 us.
+    # 100 tiny adds (1,000 floats: 12 kB / 5e10 B/s = 0.24 us each) against 41 us of host each: the
+    # host's 4.1 ms, of which the device waits 4.1 ms - 24 us.
     tiny = estimate_records([add(1000)] * 100, "fp32", device)
-    assert tiny.step_s == pytest.approx(100 * 4e-5)
-    assert tiny.by_bound["overhead"] == pytest.approx(100 * 4e-5 - 100 * 0.24e-6)
+    assert tiny.step_s == pytest.approx(100 * 4.1e-5)
+    assert tiny.by_bound["overhead"] == pytest.approx(100 * 4.1e-5 - 100 * 0.24e-6)
     assert tiny.bound == "overhead"
     assert all(op.bound == "overhead" for op in tiny.ops)
 
 
 def test_a_gradient_the_engine_sums_costs_the_host_a_plain_dispatch() -> None:
     device = DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=1e-5), sm_count=None)
-    # 100 tiny backward adds: as ops of the step, 4 x the 10 us autograd overhead each (STEP_HOST_RATIO) = 4 ms;
+    # 100 tiny backward adds: as ops of the step, 4.1 x the 10 us autograd overhead each (STEP_HOST_RATIO) = 4.1 ms;
     # summed by the autograd engine in C++ (OpRecord.engine_sum), the 10 us dispatch each = 1 ms
     summed = dataclasses.replace(add(1000, phase="backward"), engine_sum=True)
-    assert estimate_records([add(1000, phase="backward")] * 100, "fp32", device).step_s == pytest.approx(100 * 4e-5)
+    assert estimate_records([add(1000, phase="backward")] * 100, "fp32", device).step_s == pytest.approx(100 * 4.1e-5)
     assert estimate_records([summed] * 100, "fp32", device).step_s == pytest.approx(100 * 1e-5)
     # so on a CPU: the dispatch, not CPU_STEP_HOST_RATIO x the autograd overhead; plus its 0.24 us of kernel
     cpu = DeviceModel("cpu", "cpu", synthetic_profile(dispatch_s=1e-5))
@@ -118,15 +118,15 @@ def test_a_value_read_back_makes_the_host_wait_for_the_device() -> None:
     read = OpRecord("optimizer", "(optimizer)", "_local_scalar_dense", 0.0, 0, 0, ("float32",), False, True,
                     synchronizes=True)
     update = add(1000, phase="optimizer")  # 12 kB at 5e10 B/s: 0.24 us of kernel
-    # Without the read the host runs ahead into the next step: max(host 40 + 10 us, kernels 4 ms + 0.24 us).
+    # Without the read the host runs ahead into the next step: max(host 41 + 10 us, kernels 4 ms + 0.24 us).
     queued = estimate_records([mm(1000, 1000, 1000), update], "fp32", device)
     assert queued.step_s == pytest.approx(4e-3 + 0.24e-6)
     # With it, every step the host waits until mm is done, spends 10 us on the read and 10 us on the add
-    # (the optimizer's one-tensor ops cost the 10 us dispatch), then 40 us on the next step's mm, all of
-    # which the device waits for: 40 us + 4 ms + 20 us a step (the add's 0.24 us hides in the next mm's wait).
+    # (the optimizer's one-tensor ops cost the 10 us dispatch), then 41 us on the next step's mm, all of
+    # which the device waits for: 41 us + 4 ms + 20 us a step (the add's 0.24 us hides in the next mm's wait).
     synced = estimate_records([mm(1000, 1000, 1000), read, update], "fp32", device)
-    assert synced.step_s == pytest.approx(4e-5 + 4e-3 + 2e-5)
-    assert [op.wait_s for op in synced.ops] == pytest.approx([4e-5 - 0.24e-6, 1e-5, 1e-5])
+    assert synced.step_s == pytest.approx(4.1e-5 + 4e-3 + 2e-5)
+    assert [op.wait_s for op in synced.ops] == pytest.approx([4.1e-5 - 0.24e-6, 1e-5, 1e-5])
     # On a CPU the host runs every op anyway: a read costs its dispatch, nothing more (10 us each).
     cpu = DeviceModel("cpu", "cpu", synthetic_profile(dispatch_s=1e-5))
     assert estimate_records([read], "fp32", cpu).step_s == pytest.approx(1e-5)
@@ -135,8 +135,8 @@ def test_a_value_read_back_makes_the_host_wait_for_the_device() -> None:
 def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
     # _foreach_mul_ over 100 tensors of 1,000 floats: 800 kB moved at 1e11 x 50% = 16 us of kernel.
     # A CPU runs it tensor by tensor: a profile without a foreach overhead counts 100 x 10 us of host
-    # = 1 ms; with foreach 1 us: 10 us + 99 x 1 us = 109 us. A GPU fuses the list (one launch: 4 x 10 us,
-    # STEP_HOST_RATIO), which takes longer than its kernel: the step is the host's 40 us.
+    # = 1 ms; with foreach 1 us: 10 us + 99 x 1 us = 109 us. A GPU fuses the list (one launch: 4.1 x 10 us,
+    # STEP_HOST_RATIO), which takes longer than its kernel: the step is the host's 41 us.
     record = OpRecord("optimizer", "(optimizer)", "_foreach_mul_", 1e5, 400_000, 400_000, ("float32",), False, True,
                       tensors=100)
     cpu = estimate_records([record], "fp32", DeviceModel("cpu", "cpu", synthetic_profile()))
@@ -146,7 +146,7 @@ def test_a_multi_tensor_op_costs_the_cpu_host_one_dispatch_per_tensor() -> None:
     measured = estimate_records([record], "fp32", DeviceModel("cpu", "cpu", profile))
     assert measured.ops[0].host_s == pytest.approx(1e-5 + 99 * 1e-6)
     gpu = estimate_records([record], "fp32", DeviceModel("gpu", "gpu", synthetic_profile(), sm_count=None))
-    assert gpu.ops[0].host_s == pytest.approx(4e-5) and gpu.step_s == pytest.approx(4e-5)
+    assert gpu.ops[0].host_s == pytest.approx(4.1e-5) and gpu.step_s == pytest.approx(4.1e-5)
 
 
 def test_a_depthwise_convolution_is_timed_by_its_own_series_or_falls_back_to_the_dense_one() -> None:
@@ -233,7 +233,7 @@ def test_amp_matmuls_run_in_16_bits_on_a_gpu_only() -> None:
     gpu_kind, cpu_kind = classify(record, "amp-bf16", cuda=True), classify(record, "amp-bf16")
     assert (gpu_kind.dtype, cpu_kind.dtype) == ("bf16", "fp32")
     assert moved_bytes(record, gpu_kind) == (record.bytes_read + record.bytes_written) // 2
-    # on the GPU: 2e9 FLOPs at 4e12 x 50% = 1 ms (its 4 x 10 us of host, STEP_HOST_RATIO, hide behind it)
+    # on the GPU: 2e9 FLOPs at 4e12 x 50% = 1 ms (its 4.1 x 10 us of host, STEP_HOST_RATIO, hide behind it)
     step = estimate_records([record], "amp-bf16", DeviceModel("gpu", "gpu", synthetic_profile()))
     assert step.step_s == pytest.approx(1e-3)
 
@@ -252,7 +252,7 @@ def test_fused_attention_in_fp32_stays_fp32_under_tf32_on_a_gpu() -> None:
 def test_a_misaligned_tensor_core_gemm_runs_at_most_1_9x_the_fp32_peak() -> None:
     # bf16 at 4 TFLOP/s x 50% = 2 TFLOP/s; n = 1001 is no multiple of 8 bf16 elements (16 bytes): capped at
     # 1.9 x the 1 TFLOP/s fp32 peak. Aligned: 2e9 FLOPs / 2e12 = 1 ms; misaligned 2*1000*1001*1000 /
-    # 1.9e12 = 1.0537 ms. The host's 4 x 10 us (STEP_HOST_RATIO) hide behind the kernels.
+    # 1.9e12 = 1.0537 ms. The host's 4.1 x 10 us (STEP_HOST_RATIO) hide behind the kernels.
     gpu = DeviceModel("gpu", "gpu", synthetic_profile(), sm_count=None)
     aligned = estimate_records([mm(1000, 1000, 1000, dtype="bfloat16")], "amp-bf16", gpu)
     misaligned = estimate_records([mm(1000, 1001, 1000, dtype="bfloat16")], "amp-bf16", gpu)

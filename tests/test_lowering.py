@@ -53,7 +53,7 @@ def test_other_ops_and_broken_patterns_are_left_alone() -> None:
 def test_a_gpu_times_the_fused_kernel_and_a_cpu_the_three_ops() -> None:
     profile = synthetic_profile(dispatch_s=1e-5)
     ops = cpu_dropout(1_000_000)
-    # GPU: 4 MB + 5 MB = 9 MB at 1e11 B/s x 50% = 180 us; the host's 4 x 10 us to issue it (STEP_HOST_RATIO)
+    # GPU: 4 MB + 5 MB = 9 MB at 1e11 B/s x 50% = 180 us; the host's 4.1 x 10 us to issue it (STEP_HOST_RATIO)
     # hide behind the previous step's kernels (a step that reads nothing back: max(host, kernels)).
     gpu = estimate_records(ops, "fp32", DeviceModel("gpu", "gpu", profile))
     assert [op.op for op in gpu.ops] == ["native_dropout"]

@@ -431,20 +431,20 @@ class _OpTimer:
         return moved / (series.peak * series.efficiency(moved))
 
 
-STEP_HOST_RATIO = 4.0
+STEP_HOST_RATIO = 4.1
 """Host time per traced op of a real eager training step on a GPU, over the calibrated `autograd` overhead
 (one tiny op with autograd recording, issued in a tight loop). A step spends more per op than that loop:
 nn.Module calls, the autograd engine running each backward node, the optimizer's Python, cuBLAS and cuDNN
 calls that launch several kernels. Measured on an H100's host (benchmarks/results/gpu_host_overhead.txt,
-2026-11-27): 57.5 us per op where the loop took 14.5 us, fitted over the 12 steps that kept the GPU busy
-under half the time (the device waited on the host), across BERT, an MLP, MobileNetV2 and ResNet-50. Fitted
-again with the engine's gradient sums at the dispatch overhead (2026-11-28): 59.7 us (4.11x); 4.0 kept, the
-fit's own spread being wider (leaving one model out: 57.4-59.7 us per op, or a degenerate fit without BERT)."""
+2026-11-27 run): 59.7 us per op where the loop took 14.5 us, fitted over the 12 steps that kept the GPU busy
+under half the time (the device waited on the host), across BERT, an MLP, MobileNetV2 and ResNet-50, with
+the gradients the autograd engine sums costed apart at the dispatch overhead (host_seconds); 57.5 us (4.0x)
+when they counted as ops of the step."""
 
 
 CONV_STEP_HOST_RATIO = 7.4
 """The same for a convolution or batch norm (cuDNN's calls: its plan cache and heuristics run on the host
-every call): 107 us per op on that host, 7.4 x its autograd overhead (106.7 us, 7.35x, fitted again)."""
+every call): 106.7 us per op on that host, 7.4 x its autograd overhead."""
 
 
 CPU_STEP_HOST_RATIO = 15.0
