@@ -118,7 +118,7 @@ def report(folders: list[Path]) -> list[str]:
                   f"{solution[2] * 1e6:.1f} us per cuDNN op (convolution, batch norm)",
               f"over the calibrated autograd overhead ({base * 1e6:.1f} us): per op {solution[1] / base:.2f}x, "
               f"per cuDNN op {solution[2] / base:.2f}x",
-              f"engine sums (gradients summed where a tensor fed several ops) at the calibrated dispatch overhead, "
+              "engine sums (gradients summed where a tensor fed several ops) at the calibrated dispatch overhead, "
               "not fitted",
               "", f"{'row':<58} {'ops':>5} {'cuDNN':>5} {'sums':>5} {'busy':>5} {'step ms':>8} {'fit':>7} {'err':>7} "
                   f"{'loop':>7} {'err':>7}"]
@@ -128,8 +128,8 @@ def report(folders: list[Path]) -> list[str]:
         loop = r["autograd"] * (r["other"] + r["cudnn"] + r["engine"])
         errors.append(fitted / r["step_s"] - 1)
         loop_errors.append(loop / r["step_s"] - 1)
-        lines.append(f"{r['label']:<58} {r['other']:>5} {r['cudnn']:>5} {r['engine']:>5} {r['busy']:>5.0%} {r['step_s'] * 1e3:>8.2f} "
-                     f"{fitted * 1e3:>7.2f} {errors[-1]:>+7.1%} {loop * 1e3:>7.2f} {loop_errors[-1]:>+7.1%}")
+        lines.append(f"{r['label']:<58} {r['other']:>5} {r['cudnn']:>5} {r['engine']:>5} {r['busy']:>5.0%} "
+                     f"{r['step_s'] * 1e3:>8.2f} {fitted * 1e3:>7.2f} {errors[-1]:>+7.1%} {loop * 1e3:>7.2f} {loop_errors[-1]:>+7.1%}")
     lines.append(f"median |error|: fit {statistics.median(abs(e) for e in errors):.1%}, "
                  f"loop-timed overhead per op {statistics.median(abs(e) for e in loop_errors):.1%} (n={len(bound)})")
     lines += ["", "leave one model out (the fit without that model's rows, on its rows):"]

@@ -452,8 +452,8 @@ def universal_llm_trainer(row: dict[str, str]) -> PlanRun | str:
     lora = method_of(row) == "lora"
     return PlanRun(str(model_of(row)), precision, "adamw", int(row["batch_size_per_gpu"]), None,
                    seq_len_of(row), True, 8 if lora else None, (ALL_LINEAR,) if lora else (),
-                   assumption="one micro-batch per step" if lora else "", lora_dropout=ULT_LORA_DROPOUT if lora else None,
-                   padding_mask=True)
+                   assumption="one micro-batch per step" if lora else "",
+                   lora_dropout=ULT_LORA_DROPOUT if lora else None, padding_mask=True)
 
 
 SOURCE_RUNS: dict[str, Callable[[dict[str, str]], Run | str]] = {

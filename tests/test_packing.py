@@ -89,4 +89,3 @@ def test_the_fit_advisors_plans_run_packed_too(capsys) -> None:
     assert main(["estimate", *argv, *flags]) == 0
     direct = json.loads(capsys.readouterr().out)["results"][0]
     assert plan["step_time_s"] == pytest.approx(direct["step_time_s"], rel=1e-6)
-

@@ -5,8 +5,8 @@ LoRA (Hu et al. 2021) wraps chosen Linear layers: y = W x + B A x * alpha/r with
 trained and W frozen. The wrapper is the one peft's `LoraLayer` computes (its default dropout 0 makes the
 dropout an identity; `--lora-dropout P` makes it a dropout of the cast input, its mask and output saved for the
 backward, one per adapted layer as peft's are): the base layer, the input cast to the adapter's dtype, two
-small matmuls, a scale and an add. Adapters are fp32 (peft upcasts them, `autocast_adapter_dtype`) except under a pure low precision,
-where they take its dtype as the whole model does (LitGPT's bf16-true).
+small matmuls, a scale and an add. Adapters are fp32 (peft upcasts them, `autocast_adapter_dtype`) except
+under a pure low precision, where they take its dtype as the whole model does (LitGPT's bf16-true).
 
 The frozen base (every parameter that is not an adapter) is stored as `--base-weights` says: bf16 (as
 `from_pretrained(torch_dtype=torch.bfloat16)` loads it), or its Linear layers quantized (quantized.py:
