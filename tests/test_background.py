@@ -150,3 +150,53 @@ def test_a_step_on_real_input_values_leaves_the_sibling_to_the_caller() -> None:
     sibling = Sibling(8)
     trace = trace_training_step(ReadsItsMask, masked_inputs, 4, "fp32", "sgd", sibling=sibling)
     assert trace.values == "fake+real-inputs" and sibling.trace is None
+
+
+def _emit_multiples_after_go(value: int, keys: int, channel) -> None:
+    """A served job: says it is ready, waits for the parent's "go" (a skip note, read in order after any
+    other), then emits value * k for each key k the parent did not skip."""
+    channel.starting("ready")
+    deadline = time.perf_counter() + 30
+    while not channel.skipped("go"):
+        assert time.perf_counter() < deadline
+        time.sleep(0.01)
+    for key in range(keys):
+        if not channel.skipped(key):
+            channel.emit(key, value * key)
+
+
+@needs_fork
+def test_a_serving_child_runs_jobs_on_its_value_and_skips_what_the_parent_did() -> None:
+    with ForkedCall(lambda: 10, serves=True) as child:
+        pass
+    served = child.served()
+    assert served is not None and served.submit(_emit_multiples_after_go, 4)
+    assert child.result(timeout_s=30) == 10  # its value first (through a file), then it serves
+    messages = served.poll(timeout_s=30)
+    assert messages[0] == ("starting", "ready", None)
+    served.skip(1)
+    served.skip("go")
+    while messages[-1][0] not in ("done", "failed"):
+        messages += served.poll(timeout_s=30)
+    assert [(key, value) for kind, key, value in messages if kind == "item"] == [(0, 0), (2, 20), (3, 30)]
+    assert messages[-1][0] == "done"
+    served.close()
+    assert not child._process.is_alive() and not served.alive
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith("gpu-advisor-")] \
+        if os.path.isdir("/dev/shm") else True
+
+
+@needs_fork
+def test_a_serving_child_that_failed_serves_nothing() -> None:
+    def fails() -> None:
+        raise ValueError("in the child")
+
+    with ForkedCall(fails, serves=True) as child:
+        pass
+    served = child.served()
+    assert child.result(timeout_s=30) is None
+    assert child.served() is None  # its process is done
+    if served is not None:  # asked before the failure was read: the job is never run
+        served.submit(_emit_multiples_after_go, 2)
+        assert served.poll(timeout_s=0.5) == [] and not served.alive
+        served.close()

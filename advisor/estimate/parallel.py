@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.errors import UserError
 from advisor.estimate.costs import instances_for
@@ -46,6 +46,9 @@ from advisor.parallel.tensor import rank_trace as tensor_rank_trace
 from advisor.parallel.topology import node_link
 from advisor.profile.choices import precision_of
 from advisor.profile.trace import StepTrace
+
+if TYPE_CHECKING:
+    from advisor.estimate.ahead import LayoutsAhead
 
 COMMUNICATION_BOUND = "communication"
 """The part of StepTime.by_bound a rank spends on communication: waiting for collectives the compute did
@@ -267,6 +270,8 @@ class LayoutMemory:
         self._whole: dict[int, int] = {}
         self._plan: TensorPlan | str | None = None
         self._tensor: dict[tuple[int, bool], StepTrace] = {}
+        self.ahead: LayoutsAhead | None = None
+        """Layouts re-played in the child that traced the second batch (estimate/ahead.py), where one serves."""
 
     @property
     def second(self) -> StepTrace | None:
@@ -332,7 +337,7 @@ class LayoutMemory:
         return [] if tp == 1 else tensor_collectives(self.trace, self.split_plan(), tp, micro_batches)
 
     @staticmethod
-    def _key(layout: Layout) -> tuple[str, bool, int, int]:
+    def key(layout: Layout) -> tuple[str, bool, int, int]:
         """What a rank's memory depends on (parallel.strategy.per_rank_memory): whether it has data-parallel
         peers, what its states are split over, and its tensor-parallel degree. DDP on 2 GPUs or 64 holds the
         same, so it is re-played once."""
@@ -340,15 +345,43 @@ class LayoutMemory:
 
     def step(self, layout: Layout) -> StepMemory:
         """One rank's memory at the traced batch."""
-        key = self._key(layout)
+        key = self.key(layout)
+        if key not in self._steps and self.ahead is not None:
+            self.ahead.await_item(("step", key))
         if key not in self._steps:
-            self._steps[key] = StepMemory.of_trace(self._ranks.pop(key, None) or self._rank_trace(layout))
+            self.make("step", layout)
         return self._steps[key]
+
+    def make(self, kind: str, layout: Layout) -> None:
+        """Re-play a rank's step ("step") or its line against the batch ("line", the step made first) here."""
+        key = self.key(layout)
+        if kind == "step":
+            self._steps[key] = StepMemory.of_trace(self._ranks.pop(key, None) or self._rank_trace(layout))
+            return
+        assert kind == "line" and self.second is not None, kind
+        second = StepMemory.of_trace(rank_trace(self.tensor_trace(layout.tp, second=True), layout,
+                                                self.sharding_for(layout.tp, second=True)))
+        self._lines[key] = BatchMemoryModel(self.step(layout), second)
+
+    def has(self, item: tuple[str, tuple[str, bool, int, int]]) -> bool:
+        """Whether a ("step" | "line", key) item is made (LayoutsAhead)."""
+        kind, key = item
+        return key in (self._steps if kind == "step" else self._lines)
+
+    def absorb(self, item: tuple[str, tuple[str, bool, int, int]], value: StepMemory | BatchMemoryModel) -> None:
+        """An item made elsewhere (LayoutsAhead's child, from the same traces: the same figures)."""
+        kind, key = item
+        if isinstance(value, BatchMemoryModel):
+            assert kind == "line", item
+            self._lines.setdefault(key, value)
+            value = value.first
+        self._steps.setdefault(key, value)
+        self._ranks.pop(key, None)
 
     def capped(self, layout: Layout) -> CappedReplay:
         """One rank's allocator re-played under a capacity (memory.estimate.device_memory's `capped`), each
         capacity once per layout."""
-        key = self._key(layout)
+        key = self.key(layout)
 
         def replayed(capacity: int) -> AllocatorPeaks:
             if (key, capacity) not in self._capped:
@@ -363,7 +396,9 @@ class LayoutMemory:
         """One rank's tensors' peak at the traced batch, bytes (StepMemory.tensor_peak), without re-playing its
         allocator: a lower bound of what it reserves, which rules out a GPU too small for the layout at a
         fraction of a re-play's cost. The rank trace made for it serves the re-play, where one follows."""
-        key = self._key(layout)
+        key = self.key(layout)
+        if self.ahead is not None:
+            self.ahead.drain()
         if key in self._steps:
             return self._steps[key].tensor_peak
         if key not in self._peaks:
@@ -390,11 +425,11 @@ class LayoutMemory:
         a second trace)."""
         if self.second is None:
             return None
-        key = self._key(layout)
+        key = self.key(layout)
+        if key not in self._lines and self.ahead is not None:
+            self.ahead.await_item(("line", key))
         if key not in self._lines:
-            second = StepMemory.of_trace(rank_trace(self.tensor_trace(layout.tp, second=True), layout,
-                                                    self.sharding_for(layout.tp, second=True)))
-            self._lines[key] = BatchMemoryModel(self.step(layout), second)
+            self.make("line", layout)
         return self._lines[key]
 
 

@@ -45,7 +45,7 @@ from advisor.errors import UserError
 from advisor.estimate.targets import EstimateTarget, with_measured_shapes
 from advisor.hardware.specs import HardwareDB
 from advisor.units import GIB
-from advisor.memory.estimate import DeviceMemory, cannot_hold, device_memory
+from advisor.memory.estimate import DeviceMemory, StepMemory, cannot_hold, device_memory
 from advisor.memory.plan import MemorySettings, SecondTrace, layouts_cache_key, step_memory, trace_both_batches, trace_pair
 from advisor.pipeline.hosts import physical_memory_bytes, this_machine_cpu, thread_speed
 from advisor.pipeline.links import host_link_rate
@@ -58,6 +58,7 @@ from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.parallel.strategy import Layout
 from advisor.estimate.packing import packed_trace
+from advisor.estimate.ahead import LayoutsAhead
 from advisor.profile.trace import StepTrace
 
 Progress = Callable[[str], None]
@@ -530,6 +531,87 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
                            step)
 
 
+def likely_layouts(db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,
+                   layouts: LayoutMemory, alone: StepMemory) -> list[tuple[str, Layout]]:
+    """The layouts whose memory an estimate of `targets` is likely to ask for, in the order it is likely to:
+    one GPU's step and line, then per GPU count, fewest first, each strategy's step (the leanest first) and
+    their lines (only the strategy chosen at a count needs one: the likeliest first). The counts: --gpus's, else
+    per GPU type that does not hold `alone` (one GPU's step) the fewest GPUs the cheap bounds of smallest_fit
+    (lean_ruled_out) leave, and the next count (where the re-play finds that they do not hold it after all).
+    An item asked for at several counts or by several GPU types (DDP's) is listed once (LayoutMemory.key)."""
+    wanted: dict[tuple[str, tuple[str, bool, int, int]], tuple[str, Layout]] = {}
+
+    def add(kind: str, layout: Layout) -> None:
+        wanted.setdefault((kind, LayoutMemory.key(layout)), (kind, layout))
+
+    add("step", ONE_GPU)
+    add("line", ONE_GPU)
+    gpus = settings.num_gpus
+    if gpus is not None and gpus <= 1:
+        return list(wanted.values())
+    by_count: dict[int, list[Layout]] = {}
+    for target in targets:
+        if not spreads(target) or target.gpu is None:
+            continue
+        if gpus is None and device_memory(alone, target, target.memory_overhead, None,
+                                          settings.memory.cuda_context_bytes).fits:
+            continue  # one that holds it only with its cached segments released is listed: a few re-plays too many
+        counts = [gpus] if gpus is not None else _likely_counts(db, target, settings, layouts)
+        for count in counts:
+            machines = machines_for(db, target.gpu, count)
+            tp = 1 if gpus is None or isinstance(machines, str) else \
+                tensor_degree(settings.parallel, settings.tp, machines)
+            if isinstance(machines, str) or isinstance(tp, str):
+                continue
+            strategies = strategies_for(settings.parallel, machines.nodes, count // tp)
+            lean = "fsdp" if "fsdp" in strategies else strategies[-1]
+            by_count.setdefault(count, []).extend(Layout(strategy, count, machines.gpus_per_node, tp)
+                                                  for strategy in sorted(strategies, key=lambda s: s != lean))
+    for count in sorted(by_count):
+        for layout in by_count[count]:
+            add("step", layout)
+        for layout in sorted(by_count[count], key=lambda layout: LINE_LIKELIHOOD.get(layout.strategy, 0)):
+            add("line", layout)
+    return list(wanted.values())
+
+
+def _likely_counts(db: HardwareDB, target: EstimateTarget, settings: EstimateSettings,
+                   layouts: LayoutMemory) -> list[int]:
+    """The GPU counts smallest_fit is likely to size `target`'s type at: the fewest the bounds leave, and the next."""
+    assert target.gpu is not None
+    counts = scale_out_counts(db, target.gpu)
+    for index, count in enumerate(counts):
+        machines = machines_for(db, target.gpu, count)
+        if isinstance(machines, str) or lean_ruled_out(layouts, target, db, machines, settings):
+            continue
+        return counts[index:index + 2]
+    return []
+
+
+def lean_ruled_out(layouts: LayoutMemory, target: EstimateTarget, db: HardwareDB, machines: Machines,
+                   settings: EstimateSettings) -> bool:
+    """Whether `machines`' GPUs of `target`'s type cannot hold the job even with its leanest strategy (fsdp, or
+    the one --parallel asks for), by the bounds found before a re-play, the cheapest first: what every rank
+    holds whole, then the lean rank's tensors' peak (LayoutMemory.whole_peak, tensor_peak)."""
+    lean = lean_layout(settings, machines)
+    context, nccl = settings.memory.cuda_context_bytes, communicator_bytes(db, machines)
+    overhead = target.memory_overhead
+    return cannot_hold(layouts.whole_peak(lean.tp), target, overhead, context, nccl) or \
+        cannot_hold(layouts.tensor_peak(lean), target, overhead, context, nccl)
+
+
+def lean_layout(settings: EstimateSettings, machines: Machines) -> Layout:
+    """`machines`' GPUs with the leanest strategy --parallel allows (fsdp where it does)."""
+    strategies = strategies_for(settings.parallel, machines.nodes, machines.gpus)
+    return Layout("fsdp" if "fsdp" in strategies else strategies[-1], machines.gpus, machines.gpus_per_node)
+
+
+LINE_LIKELIHOOD = {"zero2": -3, "fsdp": -2, "zero1": -1}
+"""The strategies whose line against the batch a job is likeliest to need, first: at the fewest GPUs that hold a
+job one GPU cannot, mostly only the sharded ones fit, and the fastest of those is chosen (the 7B example over
+every GPU: ZeRO-2 and FSDP)."""
+
+
 def spreads(target: EstimateTarget) -> bool:
     """Whether a job can run on several GPUs of `target`'s type: a database GPU (this machine's GPUs
     run alone)."""
@@ -566,14 +648,13 @@ def smallest_fit(trace: StepTrace, settings: EstimateSettings, target: EstimateT
         machines = machines_for(db, gpu, count)
         if isinstance(machines, str):
             continue
-        strategies = strategies_for(settings.parallel, machines.nodes, count)
-        lean = Layout("fsdp" if "fsdp" in strategies else strategies[-1], count, machines.gpus_per_node)
-        context, nccl = settings.memory.cuda_context_bytes, communicator_bytes(db, machines)
-        overhead = target.memory_overhead  # the bounds before the re-play, the cheapest first
-        if cannot_hold(layouts.whole_peak(lean.tp), target, overhead, context, nccl) or \
-                cannot_hold(layouts.tensor_peak(lean), target, overhead, context, nccl):
+        if lean_ruled_out(layouts, target, db, machines, settings):
             continue
-        if device_memory(layouts.step(lean), target, overhead, None, context, nccl, layouts.capped(lean)).fits:
+        lean = lean_layout(settings, machines)
+        context, nccl = settings.memory.cuda_context_bytes, communicator_bytes(db, machines)
+        if device_memory(layouts.step(lean), target, target.memory_overhead, None, context, nccl,
+                         layouts.capped(lean)).fits:
+            strategies = strategies_for(settings.parallel, machines.nodes, count)
             return estimate_parallel(trace, settings, target, db, machines, layouts, strategies, lowered, pipeline,
                                      single=single)
     return None
@@ -671,21 +752,33 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     memory_settings = settings.memory
     if trace is not None and second is not None:
         pending = SecondTrace.ready(second)
-    else:
-        trace, pending = trace_pair(model, memory_settings, trace, progress)
+    else:  # the child tracing the second batch stays to re-play layouts (estimate/ahead.py)
+        trace, pending = trace_pair(model, memory_settings, trace, progress, serve=True)
+    try:
+        return _estimate_traced(model, db, targets, settings, progress, trace, pending, pipeline)
+    finally:
+        pending.abandon()  # stops a child still serving
+
+
+def _estimate_traced(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,
+                     progress: Progress, trace: StepTrace, pending: SecondTrace,
+                     pipeline: PipelineProfile | None) -> Estimate:
+    memory_settings = settings.memory
     traced = trace  # what a later estimate reuses; the GPUs run it packed (--packing)
     trace = packed_trace(trace, settings.packing, settings.seq_len)
-    try:  # what needs only the first trace, while a child may still trace the second
-        lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # for every GPU
-        singles = {target.id: step_time(trace, settings, target, lowered) for target in targets
-                   if target.device.kind == "gpu" and not (settings.num_gpus is not None and settings.num_gpus > 1
-                                                            and spreads(target))}  # each GPU's step alone
-        layouts_key = layouts_cache_key(model, memory_settings)  # the layouts re-played from these traces before
-        layouts = LayoutMemory(trace, pending, trace_cache.load(layouts_key, trace_cache.LAYOUTS_SUFFIX, dict))
-        step = layouts.step(ONE_GPU)  # kept with the layouts
-    except BaseException:
-        pending.abandon()
-        raise
+    layouts_key = layouts_cache_key(model, memory_settings)  # the layouts re-played from these traces before
+    layouts = LayoutMemory(trace, pending, trace_cache.load(layouts_key, trace_cache.LAYOUTS_SUFFIX, dict))
+    # what needs only the first trace, while a child may still trace the second
+    step = layouts.step(ONE_GPU)  # kept with the layouts
+    served = pending.served()
+    if served is not None:
+        wanted = [(kind, layout) for kind, layout in likely_layouts(db, targets, settings, layouts, step)
+                  if not layouts.has((kind, LayoutMemory.key(layout)))]
+        layouts.ahead = LayoutsAhead.start(served, layouts, trace, wanted)
+    lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # for every GPU
+    singles = {target.id: step_time(trace, settings, target, lowered) for target in targets
+               if target.device.kind == "gpu" and not (settings.num_gpus is not None and settings.num_gpus > 1
+                                                        and spreads(target))}  # each GPU's step alone
     second = pending.get()
     assert second.batch_size == 2 * trace.batch_size == 2 * memory_settings.traced_batch
     batch_model = layouts.batch_model(ONE_GPU)
@@ -702,7 +795,9 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     skipped: list[tuple[str, str]] = []
     gpus = settings.num_gpus
     layouts.check_splittable(settings.parallel, settings.tp, model.source)
-    for target in targets:
+    # the largest GPUs first: the fewest GPUs of each type that hold the job are asked for in the order the
+    # child re-plays layouts (likely_layouts); the results are ranked, so their order does not change them
+    for target in sorted(targets, key=lambda t: -t.memory_bytes):
         if target.device.kind != "gpu":
             memory = device_memory(cpu_step, target, target.memory_overhead, cpu_batch_model)
             target = with_measured_shapes(target, cpu_trace.records, cpu_trace.precision, progress)
@@ -725,6 +820,8 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
                                                             single))
         results.append(result)
     trace_cache.store(layouts_key, layouts.stored(), trace_cache.LAYOUTS_SUFFIX)  # None: nothing new
+    order = {target.id: index for index, target in enumerate(targets)}
+    skipped.sort(key=lambda skip: order[skip[0]])
     if not results and skipped:
         raise UserError(f"no machine runs {gpus} of the GPUs asked for: " +
                         "; ".join(f"{gpu_id}: {why}" for gpu_id, why in skipped[:3]))

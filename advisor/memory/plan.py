@@ -10,7 +10,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import (BatchMemoryModel, DeviceMemory, StepMemory, capped_replay, device_memory,
                                      parameter_formula_bytes)
-from advisor.profile.background import can_fork
+from advisor.profile.background import Served, can_fork
 from advisor.profile.adapters import Adaptation
 from advisor.profile.choices import FILE_OPTIMIZER, precision_of
 from advisor.profile import trace_cache
@@ -188,9 +188,11 @@ class SecondTrace:
     it here where the child could not), once; the caller does what needs only the first step meanwhile, and
     `abandon()`s it where that raised (the child is stopped)."""
 
-    def __init__(self, produce: Callable[[], StepTrace], abandon: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, produce: Callable[[], StepTrace], abandon: Callable[[], None] = lambda: None,
+                 served: Callable[[], Served | None] = lambda: None) -> None:
         self._produce: Callable[[], StepTrace] | None = produce
         self._abandon = abandon
+        self._served = served
         self._trace: StepTrace | None = None
 
     @classmethod
@@ -205,10 +207,14 @@ class SecondTrace:
         return self._trace
 
     def abandon(self) -> None:
-        """Stop the child where it still runs (nothing once get() returned)."""
-        if self._produce is not None:
-            self._produce = None
-            self._abandon()
+        """Stop the child where it still runs (nothing once get() returned and no child serves)."""
+        self._produce = None
+        self._abandon()
+
+    def served(self) -> Served | None:
+        """The child tracing it, which stays to serve jobs on it where trace_pair was asked to (`serve`): a job
+        sent before get() runs once the trace is sent. The caller closes it. None where none serves."""
+        return self._served()
 
 
 def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
@@ -221,12 +227,13 @@ def trace_both_batches(model: ModelFile, settings: MemorySettings, trace: StepTr
 
 def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | None = None,
                progress: Callable[[str], None] = lambda message: None,
-               parallel: bool = True, attention: str = "cuda") -> tuple[StepTrace, SecondTrace]:
+               parallel: bool = True, attention: str = "cuda", serve: bool = False) -> tuple[StepTrace, SecondTrace]:
     """The step traced at the settings' batch (or `trace`, reused) and at twice it, for the memory
     line against batch size, with attention traced the `attention` way (trace_for_memory). With
     `parallel` and a second CPU, the larger trace runs in a child forked once the model is built, while
     this process traces the first (profile.trace.Sibling), and is still running when this returns:
-    SecondTrace.get() waits for it. The traces are the same either way."""
+    SecondTrace.get() waits for it. The traces are the same either way. With `serve`, that child then stays
+    to run jobs on its trace (SecondTrace.served), until the caller closes it or abandon()s the pair."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
     if trace is None:  # the trace cache's, when a run before traced it; the second step's with it
@@ -247,7 +254,7 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
             trace = trace_for_memory(model, settings, batch, attention, progress)
         return trace, SecondTrace(traced_here)
     progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
-    sibling = Sibling(2 * batch)  # traced in a child forked once the model is built
+    sibling = Sibling(2 * batch, serves=serve)  # traced in a child forked once the model is built
     trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
 
     def collected() -> StepTrace:
@@ -257,7 +264,7 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
         trace_cache.store(_cache_key(model, settings, 2 * batch, attention), found)
         return found
 
-    return trace, SecondTrace(collected, sibling.abandon)
+    return trace, SecondTrace(collected, sibling.abandon, sibling.served)
 
 
 def step_memory(trace: StepTrace, second: StepTrace) -> tuple[StepMemory, BatchMemoryModel]:

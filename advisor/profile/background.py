@@ -13,7 +13,9 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import pickle
 import signal
+import tempfile
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -66,36 +68,58 @@ class ForkedCall(Generic[T]):
 
     Use as a context manager around the parent's own work: leaving it by an exception kills the child."""
 
-    def __init__(self, work: Callable[[], T], may_fork_again: bool = False) -> None:
+    def __init__(self, work: Callable[[], T], may_fork_again: bool = False, serves: bool = False) -> None:
         """`may_fork_again`: the child may fork children of its own (a non-daemonic process; the caller
-        must `close()` it, as the context manager does on an error)."""
+        must `close()` it, as the context manager does on an error). `serves`: once its value is sent, the
+        child stays to run the jobs `served()` hands it (Served), until `close()`."""
         context = multiprocessing.get_context("fork")
         self._receiver, sender = context.Pipe(duplex=False)
-        self._process = context.Process(target=_run_and_send, args=(work, sender, os.getpid()),
+        self._jobs, child_jobs = context.Pipe(duplex=True) if serves else (None, None)
+        self._process = context.Process(target=_run_and_send, args=(work, sender, os.getpid(), child_jobs),
                                         daemon=not may_fork_again)
         self._process.start()
         sender.close()
+        if child_jobs is not None:
+            child_jobs.close()
+        self._closed = False
 
     def result(self, timeout_s: float) -> T | None:
-        """The child's value, or None when it failed, died or took more than `timeout_s` seconds more."""
+        """The child's value, or None when it failed, died or took more than `timeout_s` seconds more. A
+        child that serves is left running (for `served()`) once it sent a value; else it is done."""
+        succeeded = False
         try:
             if not self._receiver.poll(timeout_s):
                 return None
             succeeded, value = self._receiver.recv()
+            if isinstance(value, _Parcel):
+                value = value.open()
         except (EOFError, OSError):  # the child died without sending: the caller does the work itself
             return None
         finally:
-            self.close()
+            if self._jobs is None or not succeeded:
+                self.close()
+            else:
+                self._receiver.close()
         return value if succeeded else None
 
+    def served(self) -> Served | None:
+        """The child's job channel (None: it does not serve, or is gone): a job sent runs once the child has
+        sent its value, and not where it failed."""
+        if self._jobs is None or self._closed or not self._process.is_alive():
+            return None
+        return Served(self._jobs, self.close)
+
     def close(self) -> None:
-        """Stop the child if it still runs and release its pipe (again: nothing)."""
-        if self._receiver.closed:
+        """Stop the child if it still runs and release its pipes (again: nothing)."""
+        if self._closed:
             return
+        self._closed = True
+        for connection in (self._receiver, self._jobs):
+            if connection is not None and not connection.closed:
+                connection.close()
         if self._process.is_alive():
             self._process.kill()
         self._process.join()
-        self._receiver.close()
 
     def __enter__(self) -> ForkedCall[T]:
         return self
@@ -131,19 +155,166 @@ def settle_thread_pool() -> None:
     torch.set_num_threads(torch.get_num_threads())
 
 
-def _run_and_send(work: Callable[[], object], sender: Connection, parent_pid: int) -> None:
+def _run_and_send(work: Callable[[], object], sender: Connection, parent_pid: int,
+                  jobs: Connection | None = None) -> None:
     """In the child: send (True, value), or (False, None) when `work` raised. The parent then does the
-    work itself and raises that error there, with its traceback, so nothing is lost by not sending it."""
+    work itself and raises that error there, with its traceback, so nothing is lost by not sending it.
+    With `jobs`, a value sent, serve the parent's jobs (_serve)."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler unwinds the parent, not this child
     settle_thread_pool()
+    value = None
     try:
-        payload = (True, work())
+        value = work()
+        payload = (True, value)
     except BaseException:  # noqa: BLE001 -- reported as a failure; the parent re-runs and raises it
         payload = (False, None)
+    sent = False
     try:
-        sender.send(payload)  # pickles the whole value first: a value that cannot be pickled sends nothing
+        if jobs is not None and payload[0]:  # through a file: the pipe would hold this child until the parent reads
+            sender.send((True, _Parcel.of(value)))
+        else:
+            sender.send(payload)  # pickles the whole value first: a value that cannot be pickled sends nothing
+        sent = payload[0]
     except Exception:  # noqa: BLE001 -- same: the parent does the work itself
         sender.send((False, None))
     finally:
         sender.close()
+    if jobs is not None and sent:
+        _serve(value, jobs)
+
+
+class _Parcel:
+    """A value pickled into a file (in _JOB_FOLDER), sent as the file's name: a pipe holds 64 KiB, and its
+    writer waits until the reader takes the rest, which a serving child cannot do while it should serve."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @classmethod
+    def of(cls, value: object) -> _Parcel:
+        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        descriptor, path = tempfile.mkstemp(prefix="gpu-advisor-", dir=_JOB_FOLDER)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(payload)
+        return cls(path)
+
+    def open(self) -> object:
+        """The value; the file removed."""
+        try:
+            with open(self.path, "rb") as file:
+                return pickle.load(file)  # noqa: S301 -- written by this process's parent or child, just now
+        finally:
+            os.unlink(self.path)
+
+
+_JOB_FOLDER = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+"""Where a served job's pickled arguments wait for the child: memory where Linux offers it, else the temp folder."""
+
+
+class JobChannel:
+    """A served job's side of the channel, in the child: `skipped(key)` tells whether the parent has done
+    that item itself (its notes read as they come), `emit(key, value)` sends an item's value, `starting(key)`
+    says which item the child works on (the parent waits for that one rather than doing it again)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._skipped: set[object] = set()
+        self.stopped = False
+
+    def _read_notes(self) -> None:
+        while not self.stopped and self._connection.poll(0):
+            note = self._connection.recv()
+            if note is None:
+                self.stopped = True
+            elif note[0] == "skip":
+                self._skipped.add(note[1])
+
+    def skipped(self, key: object) -> bool:
+        self._read_notes()
+        return self.stopped or key in self._skipped
+
+    def starting(self, key: object) -> None:
+        self._connection.send(("starting", key, None))
+
+    def emit(self, key: object, value: object) -> None:
+        self._connection.send(("item", key, value))
+
+
+def _serve(value: object, jobs: Connection) -> None:
+    """In a serving child: run each job the parent sends, `function(value, *args, channel)`, until the parent
+    sends None or goes; a job that raises ends with ("failed", ...), the parent then does its items itself."""
+    try:
+        while True:
+            job = jobs.recv()
+            if job is None:
+                return
+            if job[0] != "job":  # a note about a job done before
+                continue
+            function, args = job[1].open()
+            channel = JobChannel(jobs)
+            try:
+                function(value, *args, channel)
+                jobs.send(("done", None, None))
+            except Exception:  # noqa: BLE001 -- the parent does the items itself and raises any error there
+                jobs.send(("failed", None, None))
+            if channel.stopped:
+                return
+    except (EOFError, OSError):  # the parent closed the channel or died
+        return
+
+
+class Served:
+    """The parent's side of a serving child's job channel (ForkedCall.served): `submit` a job, read what
+    it sent with `poll` (without waiting) or `wait`, tell it to `skip` an item done here; `close` stops the
+    child."""
+
+    def __init__(self, connection: Connection, close: Callable[[], None]) -> None:
+        self._connection = connection
+        self._close = close
+        self._files: list[str] = []
+        self.alive = True
+
+    def submit(self, function: Callable[..., None], *args: object) -> bool:
+        """Send `function` (a module-level function: it is pickled by name) and its arguments; False where
+        the child is gone or they cannot be pickled. They go through a file, the pipe carrying its name: a
+        pipe holds 64 KiB, and a child still sending its own value (a trace of a megabyte) would not read
+        more until this process reads that, which it may do only later."""
+        try:
+            parcel = _Parcel.of((function, args))
+        except (TypeError, AttributeError, pickle.PicklingError):
+            self.alive = False
+            return False
+        self._files.append(parcel.path)
+        try:
+            self._connection.send(("job", parcel))
+        except (OSError, ValueError):
+            self.alive = False
+        return self.alive
+
+    def poll(self, timeout_s: float = 0.0) -> list[tuple[str, object, object]]:
+        """Messages the child sent, ("starting" | "item" | "done" | "failed", key, value), waiting up to
+        `timeout_s` for the first; none once the child is gone."""
+        found: list[tuple[str, object, object]] = []
+        try:
+            while self.alive and self._connection.poll(timeout_s if not found else 0):
+                found.append(self._connection.recv())
+        except (EOFError, OSError):
+            self.alive = False
+        return found
+
+    def skip(self, key: object) -> None:
+        """Tell the child that `key` was done here."""
+        try:
+            self._connection.send(("skip", key))
+        except (OSError, ValueError):
+            self.alive = False
+
+    def close(self) -> None:
+        """Stop the child (it is killed: a job half done is of no use) and remove the jobs' files it left."""
+        self.alive = False
+        self._close()
+        for path in self._files:
+            if os.path.exists(path):
+                os.unlink(path)
+        self._files.clear()

@@ -43,7 +43,7 @@ from advisor.process import collector_paused, signals_deferred
 from advisor.profile.choices import FILE_OPTIMIZER, OPTIMIZERS, PRECISION_TABLE, PRECISIONS, precision_of
 from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
-from advisor.profile.background import CHILD_GRACE_S, ForkedCall, backward_runs_here, can_fork
+from advisor.profile.background import CHILD_GRACE_S, ForkedCall, Served, backward_runs_here, can_fork
 from advisor.profile.build import ValuesLeftUnwritten, fake_twins, weights_on_meta
 from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, NormGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
@@ -700,6 +700,9 @@ class Sibling:
     """The child still tracing (or done and unread) once this process's own step is traced: collect() waits."""
     grace_s: float = 0.0
     """Seconds collect() waits for the child: CHILD_GRACE_S beyond the time this process's own step took."""
+    serves: bool = False
+    """The child stays, once its step is sent, to run jobs on it (background.Served): `served()`."""
+    _serving: ForkedCall[StepTrace] | None = field(default=None, init=False, repr=False)
 
     def collect(self) -> StepTrace | None:
         """The child's step, waited for where it was left running (the caller meanwhile did other work that
@@ -709,11 +712,19 @@ class Sibling:
             self.trace = pending.result(timeout_s=self.grace_s)
         return self.trace
 
+    def served(self) -> Served | None:
+        """The serving child's job channel (None: no child serves); jobs sent before its step is collected wait
+        for it. Its caller closes it (Served.close); abandon() does too."""
+        return None if self._serving is None else self._serving.served()
+
     def abandon(self) -> None:
         """Stop a child left running (a step traced again forks another)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.close()
+        if self._serving is not None:
+            serving, self._serving = self._serving, None
+            serving.close()
 
 
 class _ConstructorNeedsValues(Exception):
@@ -894,13 +905,15 @@ def _sibling_beside(setup: _Setup, values: str, step: Callable[[_Setup], StepTra
     twin = replace(setup, batch_size=sibling.batch_size, sibling=None, watch=setup.watch.silent())
     started = time.perf_counter()
     try:
-        child = ForkedCall(lambda: step(twin))
+        child = ForkedCall(lambda: step(twin), serves=sibling.serves)
     except OSError:  # no process to spare (EAGAIN, ENOMEM): the caller traces that batch itself
         yield
         return
     with child:
         yield
     sibling.pending, sibling.grace_s = child, CHILD_GRACE_S + time.perf_counter() - started
+    if sibling.serves:
+        sibling._serving = child
 
 
 def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None, dedupe: bool,

@@ -1,0 +1,124 @@
+"""Layouts' memory re-played ahead in the child that traced the second batch (issue #24).
+
+Sizing a job on several GPUs re-plays the caching allocator over one rank's step once per layout (ZeRO-1,
+ZeRO-2, FSDP, DDP at each GPU count a GPU type needs) and over the step at twice the batch for the layout
+chosen: a third of estimating the 7B example over every GPU, in this process, while the child that traced
+the second batch sits idle once its trace is sent. That child stays (memory.plan.trace_pair's `serve`) and
+is sent this process's step and the layouts likely asked for, in the order they are likely asked; it
+re-plays them in turn (layouts_job) and sends each as it is done. Here a layout asked for is taken from what
+it sent; the one it is on is waited for, meanwhile doing the next one it has not started here (it is told
+to skip it); one it has not reached is done here (it skips it too). Both re-play the same steps with the
+same code, so the figures are the same wherever they were made; where the child is gone, fails or is
+slow, everything is done here, as without it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from advisor.estimate.parallel import LayoutMemory
+from advisor.parallel.strategy import Layout
+from advisor.profile.background import CHILD_GRACE_S, JobChannel, Served
+from advisor.profile.trace import StepTrace
+
+Item = tuple[str, tuple[str, bool, int, int]]
+"""("step" | "line", LayoutMemory's key of the layout): a rank's memory at the traced batch, or its line
+against the batch (the step at twice the batch re-played too)."""
+
+
+def item_of(kind: str, layout: Layout) -> Item:
+    return kind, LayoutMemory.key(layout)
+
+
+def layouts_job(second: StepTrace, first: StepTrace, wanted: Sequence[tuple[str, Layout]],
+                channel: JobChannel) -> None:
+    """In the serving child, which traced `second`: each of `wanted` in turn, as LayoutMemory of `first` and
+    `second` makes it, sent to the parent; those the parent did itself are skipped."""
+    memory = LayoutMemory(first, second)
+    for kind, layout in wanted:
+        item = item_of(kind, layout)
+        if channel.skipped(item):
+            continue
+        channel.starting(item)
+        channel.emit(item, memory.step(layout) if kind == "step" else memory.batch_model(layout))
+
+
+class LayoutsAhead:
+    """This process's side: what the child sent goes into `memory`'s own tables as it arrives."""
+
+    def __init__(self, served: Served, memory: LayoutMemory, wanted: Sequence[tuple[str, Layout]]) -> None:
+        """`wanted`: the layouts to re-play, in the order they are likely asked for."""
+        self._served = served
+        self._memory = memory
+        self._wanted = [(item_of(kind, layout), kind, layout) for kind, layout in wanted]
+        self._order = {item: index for index, (item, _, _) in enumerate(self._wanted)}
+        self._position = -1  # the index of the item the child works on, or did last
+        self._current: Item | None = None
+        self._taken: set[Item] = set()  # done here: the child was told to skip them
+        self.sent = self.waited = 0  # items the child's re-plays gave this process; waits for one
+
+    @classmethod
+    def start(cls, served: Served, memory: LayoutMemory, trace: StepTrace,
+              wanted: Sequence[tuple[str, Layout]]) -> LayoutsAhead | None:
+        """Send the child `trace` (the step the layouts are of) and `wanted`; None where it cannot take them."""
+        if not wanted or not served.submit(layouts_job, trace, list(wanted)):
+            return None
+        return cls(served, memory, wanted)
+
+    def close(self) -> None:
+        self._served.close()
+
+    def drain(self, timeout_s: float = 0.0) -> None:
+        """Take in what the child sent (waiting up to `timeout_s` for a first message)."""
+        for kind, item, value in self._served.poll(timeout_s):
+            if kind == "starting":
+                self._current = item
+                self._position = self._order.get(item, self._position)
+            elif kind == "item":
+                self._current = None
+                self.sent += 1
+                self._memory.absorb(item, value)
+            else:  # done, or failed: nothing more comes
+                self._current = None
+                self._served.alive = False
+
+    def await_item(self, item: Item) -> None:
+        """Before `item` is made here: take it from the child, waiting where the child is on it (doing the next
+        item it has not started meanwhile); else tell the child to skip it (the caller makes it)."""
+        deadline = time.perf_counter() + CHILD_GRACE_S
+        while True:
+            self.drain()
+            if self._memory.has(item):
+                return
+            if not self._served.alive or self._current != item:
+                self._take(item)
+                return
+            stolen = self._next_unstarted(item)
+            if stolen is not None:
+                self._take(stolen[0])
+                self._memory.make(stolen[1], stolen[2])
+                continue
+            left = deadline - time.perf_counter()
+            if left <= 0:  # the child is too slow: done here
+                self._take(item)
+                return
+            self.waited += 1
+            self.drain(min(left, 1.0))
+
+    def _take(self, item: Item) -> None:
+        if item not in self._taken:
+            self._taken.add(item)
+            if self._served.alive and self._order.get(item, -1) > self._position:
+                self._served.skip(item)
+
+    def _next_unstarted(self, waiting_for: Item) -> tuple[Item, str, Layout] | None:
+        """The first wanted item after the child's that neither side has started and this process can make
+        on its own (a line's step made already)."""
+        for item, kind, layout in self._wanted[self._position + 1:]:
+            if item == waiting_for or item in self._taken or self._memory.has(item):
+                continue
+            if kind == "line" and not self._memory.has(("step", item[1])):
+                continue
+            return item, kind, layout
+        return None

@@ -1,0 +1,122 @@
+"""Layouts re-played ahead by the child that traced the second batch (advisor/estimate/ahead.py): what it
+sends is used, the one it is on is waited for while this process makes the next one it has not started,
+one it has not reached is made here and skipped there, and the estimate is the same with it or without."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.estimate.ahead import LayoutsAhead
+from advisor.parallel.strategy import Layout
+from advisor.profile.background import can_fork
+
+FSDP2, ZERO2, FSDP4 = Layout("fsdp", 2, 8), Layout("zero2", 2, 8), Layout("fsdp", 4, 8)
+
+
+def item(kind: str, layout: Layout) -> tuple:
+    return kind, (layout.strategy, layout.dp > 1, layout.shards, layout.tp)
+
+
+class ScriptedChild:
+    """A Served whose messages are given by the test, one list per poll."""
+
+    def __init__(self, script: list[list[tuple]]) -> None:
+        self.script = script
+        self.skipped: list[tuple] = []
+        self.alive = True
+
+    def poll(self, timeout_s: float = 0.0) -> list[tuple]:
+        return self.script.pop(0) if self.script else []
+
+    def skip(self, key: tuple) -> None:
+        self.skipped.append(key)
+
+    def close(self) -> None:
+        self.alive = False
+
+
+class Tables:
+    """The LayoutMemory side: what is made, and where (here, or sent)."""
+
+    def __init__(self) -> None:
+        self.made: dict[tuple, str] = {}
+
+    def has(self, key: tuple) -> bool:
+        return key in self.made
+
+    def absorb(self, key: tuple, value: object) -> None:
+        self.made.setdefault(key, f"sent {value}")
+
+    def make(self, kind: str, layout: Layout) -> None:
+        self.made[item(kind, layout)] = "here"
+
+
+def ahead_of(script: list[list[tuple]]) -> tuple[LayoutsAhead, ScriptedChild, Tables]:
+    child, tables = ScriptedChild(script), Tables()
+    wanted = [("step", FSDP2), ("step", ZERO2), ("step", FSDP4), ("line", FSDP2)]
+    return LayoutsAhead(child, tables, wanted), child, tables  # type: ignore[arg-type]
+
+
+def test_an_item_sent_is_used_and_one_not_reached_is_made_here_and_skipped_there() -> None:
+    ahead, child, tables = ahead_of([[("starting", item("step", FSDP2), None), ("item", item("step", FSDP2), 1)]])
+    ahead.await_item(item("step", FSDP2))
+    assert tables.made == {item("step", FSDP2): "sent 1"} and ahead.sent == 1
+    ahead.await_item(item("step", FSDP4))  # the child has not started it: made by the caller, skipped there
+    assert child.skipped == [item("step", FSDP4)] and not tables.has(item("step", FSDP4))
+
+
+def test_while_the_child_makes_the_item_asked_for_the_next_unstarted_one_is_made_here() -> None:
+    # the child is on ZeRO-2's step; asked for it, this process makes FSDP-4's step (the next nobody started),
+    # then FSDP-2's line (its step was sent), and is then given ZeRO-2's
+    ahead, child, tables = ahead_of([[("starting", item("step", FSDP2), None), ("item", item("step", FSDP2), 1),
+                                      ("starting", item("step", ZERO2), None)],
+                                     [], [], [("item", item("step", ZERO2), 2)]])
+    ahead.await_item(item("step", ZERO2))
+    assert tables.made == {item("step", FSDP2): "sent 1", item("step", FSDP4): "here", item("line", FSDP2): "here",
+                           item("step", ZERO2): "sent 2"}
+    assert child.skipped == [item("step", FSDP4), item("line", FSDP2)]
+
+
+def test_a_line_waits_for_its_step_before_it_is_made_here_while_waiting() -> None:
+    # nothing sent yet and the child on FSDP-2's step: its line cannot be made before it, FSDP-4's step can
+    ahead, child, tables = ahead_of([[("starting", item("step", FSDP2), None)], [],
+                                     [("item", item("step", FSDP2), 1)]])
+    ahead.await_item(item("step", FSDP2))
+    assert tables.made == {item("step", ZERO2): "here", item("step", FSDP4): "here", item("step", FSDP2): "sent 1"}
+
+
+def test_a_child_that_failed_leaves_every_item_to_the_caller() -> None:
+    ahead, child, tables = ahead_of([[("starting", item("step", FSDP2), None), ("failed", None, None)]])
+    ahead.await_item(item("step", FSDP2))
+    assert not tables.has(item("step", FSDP2)) and not child.alive
+
+
+@pytest.mark.skipif(not can_fork(), reason="needs fork, two CPUs and no other thread")
+def test_the_estimate_is_the_same_with_the_child_replaying_layouts_or_without(monkeypatch) -> None:
+    # the 7B example on GPUs that cannot hold it alone: each is sized at the fewest GPUs that do, FSDP, ZeRO
+    # and DDP re-played at several counts, by the child or here (the RTX 4090s no machine offered holds)
+    import advisor.estimate.plan as estimate_plan
+    from advisor.app.plan import plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+    from advisor.profile import background
+
+    if not can_fork():
+        pytest.skip("a backward ran in this process on a torch build with autograd device threads")
+    started: list[LayoutsAhead | None] = []
+    start = LayoutsAhead.start
+    monkeypatch.setattr(estimate_plan.LayoutsAhead, "start", lambda *args: started.append(start(*args)) or started[-1])
+    request = PlanRequest(model="llama", gpus=("rtx-4090", "a100-sxm4-40gb", "h100-sxm"), plans="never",
+                          input_pipeline=False)
+    db = load_hwdb()
+    ahead = plan(request, db)
+    assert started and started[0] is not None  # the child was sent the layouts
+    monkeypatch.setattr(background, "can_fork", lambda: False)
+    monkeypatch.setattr(estimate_plan.LayoutsAhead, "start", lambda *args: pytest.fail("no child to send to"))
+    monkeypatch.setattr("advisor.memory.plan.can_fork", lambda: False)
+    alone = plan(request, db)
+    assert sum(r.scale_out is not None for r in alone.results) == 2
+    assert json.dumps(ahead.to_dict(), sort_keys=True, default=str) == \
+        json.dumps(alone.to_dict(), sort_keys=True, default=str)
