@@ -75,7 +75,9 @@ class ForkedCall(Generic[T]):
         context = multiprocessing.get_context("fork")
         self._receiver, sender = context.Pipe(duplex=False)
         self._jobs, child_jobs = context.Pipe(duplex=True) if serves else (None, None)
-        self._process = context.Process(target=_run_and_send, args=(work, sender, os.getpid(), child_jobs),
+        self._parcel = _Parcel.new() if serves else None  # the serving child's value: removed by close() too
+        self._process = context.Process(target=_run_and_send,
+                                        args=(work, sender, os.getpid(), child_jobs, self._parcel),
                                         daemon=not may_fork_again)
         self._process.start()
         sender.close()
@@ -120,6 +122,8 @@ class ForkedCall(Generic[T]):
         if self._process.is_alive():
             self._process.kill()
         self._process.join()
+        if self._parcel is not None:
+            self._parcel.remove()
 
     def __enter__(self) -> ForkedCall[T]:
         return self
@@ -156,10 +160,10 @@ def settle_thread_pool() -> None:
 
 
 def _run_and_send(work: Callable[[], object], sender: Connection, parent_pid: int,
-                  jobs: Connection | None = None) -> None:
+                  jobs: Connection | None = None, parcel: _Parcel | None = None) -> None:
     """In the child: send (True, value), or (False, None) when `work` raised. The parent then does the
     work itself and raises that error there, with its traceback, so nothing is lost by not sending it.
-    With `jobs`, a value sent, serve the parent's jobs (_serve)."""
+    With `jobs`, the value goes through `parcel` and, once sent, the child serves the parent's jobs (_serve)."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler unwinds the parent, not this child
     settle_thread_pool()
@@ -171,8 +175,8 @@ def _run_and_send(work: Callable[[], object], sender: Connection, parent_pid: in
         payload = (False, None)
     sent = False
     try:
-        if jobs is not None and payload[0]:  # through a file: the pipe would hold this child until the parent reads
-            sender.send((True, _Parcel.of(value)))
+        if parcel is not None and payload[0]:  # through a file: the pipe would hold this child until the parent reads
+            sender.send((True, parcel.filled(value)))
         else:
             sender.send(payload)  # pickles the whole value first: a value that cannot be pickled sends nothing
         sent = payload[0]
@@ -192,12 +196,18 @@ class _Parcel:
         self.path = path
 
     @classmethod
-    def of(cls, value: object) -> _Parcel:
-        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    def new(cls) -> _Parcel:
+        """An empty file of this user's only (mkstemp: mode 0600)."""
         descriptor, path = tempfile.mkstemp(prefix="gpu-advisor-", dir=_JOB_FOLDER)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(payload)
+        os.close(descriptor)
         return cls(path)
+
+    def filled(self, value: object) -> _Parcel:
+        """This parcel with `value` pickled into its file."""
+        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        with open(self.path, "wb") as file:
+            file.write(payload)
+        return self
 
     def open(self) -> object:
         """The value; the file removed."""
@@ -205,11 +215,17 @@ class _Parcel:
             with open(self.path, "rb") as file:
                 return pickle.load(file)  # noqa: S301 -- written by this process's parent or child, just now
         finally:
+            self.remove()
+
+    def remove(self) -> None:
+        """Remove the file, where it still is (a value never read)."""
+        if os.path.exists(self.path):
             os.unlink(self.path)
 
 
 _JOB_FOLDER = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-"""Where a served job's pickled arguments wait for the child: memory where Linux offers it, else the temp folder."""
+"""Where parcels (a serving child's value, a job's arguments) wait to be read: memory where Linux offers it, else
+the temp folder."""
 
 
 class JobChannel:
@@ -266,13 +282,12 @@ def _serve(value: object, jobs: Connection) -> None:
 
 class Served:
     """The parent's side of a serving child's job channel (ForkedCall.served): `submit` a job, read what
-    it sent with `poll` (without waiting) or `wait`, tell it to `skip` an item done here; `close` stops the
-    child."""
+    it sent with `poll`, tell it to `skip` an item done here; `close` stops the child."""
 
     def __init__(self, connection: Connection, close: Callable[[], None]) -> None:
         self._connection = connection
         self._close = close
-        self._files: list[str] = []
+        self._parcels: list[_Parcel] = []
         self.alive = True
 
     def submit(self, function: Callable[..., None], *args: object) -> bool:
@@ -280,12 +295,13 @@ class Served:
         the child is gone or they cannot be pickled. They go through a file, the pipe carrying its name: a
         pipe holds 64 KiB, and a child still sending its own value (a trace of a megabyte) would not read
         more until this process reads that, which it may do only later."""
+        parcel = _Parcel.new()
+        self._parcels.append(parcel)
         try:
-            parcel = _Parcel.of((function, args))
+            parcel.filled((function, args))
         except (TypeError, AttributeError, pickle.PicklingError):
             self.alive = False
             return False
-        self._files.append(parcel.path)
         try:
             self._connection.send(("job", parcel))
         except (OSError, ValueError):
@@ -314,7 +330,6 @@ class Served:
         """Stop the child (it is killed: a job half done is of no use) and remove the jobs' files it left."""
         self.alive = False
         self._close()
-        for path in self._files:
-            if os.path.exists(path):
-                os.unlink(path)
-        self._files.clear()
+        for parcel in self._parcels:
+            parcel.remove()
+        self._parcels.clear()
