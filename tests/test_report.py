@@ -205,3 +205,18 @@ def test_the_accuracy_section_quotes_the_multi_gpu_figures(tmp_path) -> None:
     assert "within 6% of what was measured, and the training speed within 30%" in text
     path.write_text("date: '2026-11-24'\n")  # a file from before the multi-GPU rows: no such sentence
     assert "GPUs of one machine" not in " ".join(accuracy_lines(path))
+
+
+def test_the_notes_an_estimate_ends_with_follow_the_summary(estimate_and_db, report, tmp_path: Path) -> None:
+    # the MLP's step needs no note; the same step run on real values (weight-dependent control flow) does, in
+    # both renderings, right after the summary
+    estimate, db = estimate_and_db
+    assert report.notes == ()
+    real = dataclasses.replace(estimate, trace=dataclasses.replace(estimate.trace, values="real"))
+    noted = build_report(real, db, now=FIXED_TIME)
+    (note,) = noted.notes
+    assert note.startswith("Note: the model branches on values computed from its weights")
+    text = visible_text(render_html(noted))
+    assert note in " ".join(text.split()) and text.index("Summary") < text.index(note[:40]) < text.index("The model")
+    write_report(noted, tmp_path / "noted.md")
+    assert f"> {note[:40]}" in (tmp_path / "noted.md").read_text().replace("\\", "")

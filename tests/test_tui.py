@@ -691,3 +691,42 @@ def test_packed_documents_are_timed_without_tracing_again(monkeypatch: pytest.Mo
             assert screen.estimate.results[0].step_time_s < whole
 
     asyncio.run(scenario())
+
+
+KEEPS_POSITIVE_ROWS = """
+import torch
+from torch import nn
+
+class KeepsPositiveRows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(8, 1)
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x):
+        keep = torch.where(self.score(x).squeeze(1) > 0)[0]  # rows chosen by the weights' values
+        return self.head(x[keep])
+
+def build_model():
+    return KeepsPositiveRows()
+
+def example_input(batch_size):
+    return torch.randn(batch_size, 8)
+"""
+
+
+def test_the_notes_an_estimate_ends_with_are_shown_under_the_summary(tmp_path: Path) -> None:
+    # a step that had to run on real values says so, as `advisor estimate` and the report do
+    (tmp_path / "keeps.py").write_text(KEEPS_POSITIVE_ROWS)
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        assert "Note:" not in status_text(app)  # the MLP needs none
+        screen = app.screen
+        screen.query_one("#model", Input).value = str(tmp_path / "keeps.py")
+        await pilot.click("#model")
+        await pilot.press("enter")
+        await settled(pilot)
+        assert screen.estimate is not None and screen.estimate.trace.values == "real"
+        assert "Note: the model branches on values computed from its weights" in " ".join(status_text(app).split())
+
+    drive(scenario)

@@ -20,13 +20,13 @@ from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
 from advisor.present.pipeline import pipeline_line, supply_line
+from advisor.present.notes import estimate_notes
 from advisor.present.plans import plan_lines
 from advisor.present.ranking import SORT_KEYS, sort_results
 from advisor.errors import UserError
 from advisor.hardware.specs import HardwareDB
 from advisor.process import user_output_to_stderr
 from advisor.profile.choices import describe_optimizer
-from advisor.profile.coverage import trace_notes
 
 if TYPE_CHECKING:
     from advisor.app.fit import FitPlan
@@ -232,12 +232,7 @@ def _legend(spot: bool, gpus: int) -> str:
 def _footer(estimate: Estimate, request: PlanRequest | None) -> list[str]:
     goals = [] if request is None else goal_lines(estimate, request)
     feeding = [line for line in (supply_line(estimate), pipeline_line(estimate)) if line]
-    from advisor.estimate.packing import unpacked_attention_note  # imports torch: not for light commands
-
-    settings = estimate.settings
-    packing = unpacked_attention_note(estimate.trace, settings.packing, settings.seq_len)
-    return (_summary(estimate) + _parallel_lines(estimate) + feeding + goals + trace_notes(estimate.trace)
-            + ([packing] if packing else []))
+    return _summary(estimate) + _parallel_lines(estimate) + feeding + goals + estimate_notes(estimate)
 
 
 def _parallel_lines(estimate: Estimate) -> list[str]:

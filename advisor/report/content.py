@@ -20,6 +20,7 @@ from advisor.present.format import describe_params, duration, money, percent, pl
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import input_bound, pipeline_line, supply_line
+from advisor.present.notes import estimate_notes
 from advisor.present.plans import SEARCHED, plan_line, plan_outcome, plans_title
 from advisor.estimate.plan import DeviceEstimate, Estimate
 from advisor.hardware.specs import HardwareDB, Source
@@ -106,6 +107,8 @@ class Report:
     """"Ways to make it fit" or "Cheaper or faster" when the fit advisor ran, else ""."""
     plans: tuple[str, ...] = ()
     """One line per plan (present/plans.py), or one that says none was found."""
+    notes: tuple[str, ...] = ()
+    """What the figures rest on that the reader should know (present/notes.py): shown after the summary."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,6 +154,7 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
         plans_title="" if plans is None else plans_title(estimate),
         plans=() if plans is None else (tuple(plan_line(estimate, plan) for plan in plans)
                                         or (f"None found among {SEARCHED}.",)),
+        notes=tuple(estimate_notes(estimate)),
     )
 
 

@@ -42,6 +42,7 @@ from advisor.app.fit import FitPlan
 from advisor.app.plan import TracePair, advise, advisor_runs, plan
 from advisor.app.request import PARALLEL_CHOICES, PLAN_MODES, PlanRequest
 from advisor.present.parallel import gpus_cell
+from advisor.present.notes import estimate_notes
 from advisor.present.plans import plan_lines
 from advisor.tui.chart import points_of, scatter
 from advisor.tui.detail import DeviceDetail
@@ -484,6 +485,8 @@ class EstimateScreen(Screen):
         if not estimate.fitting:
             text.append("\nthe model fits on no device as asked: the fit advisor is searching (Plans, key 4)",
                         style="bold red")
+        for note in estimate_notes(estimate):
+            text.append(f"\n{note}", style="yellow")
         self._status(text)
 
     def _progress(self, message: str) -> None:
