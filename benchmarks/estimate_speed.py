@@ -2,7 +2,7 @@
 the same model (build it on fake tensors, forward and backward under torch's FLOP counter: what any tracer of
 the full model pays) measured in the same run, and Llama-3-70B against Llama-3.2-1B (issue #24).
 
-Each figure is the median of --repeats runs, two ways:
+Each figure is the median of --repeats runs (the runs compared taken in turn, round by round), three ways:
 - fresh processes, timed from outside (imports count), peak RSS from the kernel: `advisor estimate MODEL --json
   --plans never` with the trace cache off (cold: everything traced), the same with the trace cache filled by a
   run before (warm: a repeated estimate), the default `--plans auto` cold (the fit advisor's searches count),
@@ -78,6 +78,16 @@ def fresh(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 def median_of(repeats: int, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     runs = [fresh(argv, env) for _ in range(repeats)]
     return statistics.median(w for w, _ in runs), max(r for _, r in runs)
+
+
+def medians_in_turn(repeats: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, tuple[float, float]]:
+    """Per name, (median wall seconds, peak RSS GB) of `repeats` fresh processes of its (argv, env), the names
+    run in turn in each round: a host whose speed drifts over minutes slows them alike."""
+    found: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, (argv, env) in runs.items():
+            found[name].append(fresh(argv, env))
+    return {name: (statistics.median(w for w, _ in got), max(r for _, r in got)) for name, got in found.items()}
 
 
 SHARED_IMPORTS = "import torch, torch._dynamo, torch._subclasses.fake_tensor, torch.utils.flop_counter"
@@ -184,15 +194,18 @@ def main() -> int:
     for key, (spec, _) in MODELS.items():
         estimate = ["-m", "advisor", "estimate", spec, "--json", "--plans", "never"]
         row = rows[key] = {}
-        row["bare"], row["bare_rss"] = median_of(args.repeats, [me, "--bare", spec], cold)
-        row["cold"], row["cold_rss"] = median_of(args.repeats, estimate, cold)
         fresh(estimate, warm)  # fills the trace cache
-        row["warm"], row["warm_rss"] = median_of(args.repeats, estimate, warm)
+        timed = medians_in_turn(args.repeats, {"bare": ([me, "--bare", spec], cold), "cold": (estimate, cold),
+                                               "warm": (estimate, warm)})
+        for name, (seconds, rss) in timed.items():
+            row[name], row[f"{name}_rss"] = seconds, rss
         row["auto"], row["auto_rss"] = median_of(1, estimate[:-2], cold)
-        for kind in ("plan", "bare"):
-            row[f"first_{kind}"] = statistics.median(
-                float(subprocess.run([sys.executable, me, "--first", spec, kind], capture_output=True, text=True,
-                                     env=cold, check=True).stdout) for _ in range(args.repeats))
+        firsts: dict[str, list[float]] = {"plan": [], "bare": []}
+        for _ in range(args.repeats):  # in turn, as above
+            for kind, seconds in firsts.items():
+                seconds.append(float(subprocess.run([sys.executable, me, "--first", spec, kind], capture_output=True,
+                                                    text=True, env=cold, check=True).stdout))
+        row["first_plan"], row["first_bare"] = (statistics.median(firsts[kind]) for kind in ("plan", "bare"))
         output = subprocess.run([sys.executable, me, "--in-process", spec], capture_output=True, text=True,
                                 env=cold, check=True).stdout.split()
         row["plan_steady"], row["bare_steady"] = (float(x) for x in output)
