@@ -66,9 +66,6 @@ class LayoutsAhead:
             return None
         return cls(served, memory, wanted)
 
-    def close(self) -> None:
-        self._served.close()
-
     def drain(self, timeout_s: float = 0.0) -> None:
         """Take in what the child sent (waiting up to `timeout_s` for a first message)."""
         for kind, item, value in self._served.poll(timeout_s):

@@ -564,7 +564,7 @@ def likely_layouts(db: HardwareDB, targets: Sequence[EstimateTarget], settings: 
             if isinstance(machines, str) or isinstance(tp, str):
                 continue
             strategies = strategies_for(settings.parallel, machines.nodes, count // tp)
-            lean = "fsdp" if "fsdp" in strategies else strategies[-1]
+            lean = leanest(strategies)
             by_count.setdefault(count, []).extend(Layout(strategy, count, machines.gpus_per_node, tp)
                                                   for strategy in sorted(strategies, key=lambda s: s != lean))
     for count in sorted(by_count):
@@ -601,9 +601,14 @@ def lean_ruled_out(layouts: LayoutMemory, target: EstimateTarget, db: HardwareDB
 
 
 def lean_layout(settings: EstimateSettings, machines: Machines) -> Layout:
-    """`machines`' GPUs with the leanest strategy --parallel allows (fsdp where it does)."""
-    strategies = strategies_for(settings.parallel, machines.nodes, machines.gpus)
-    return Layout("fsdp" if "fsdp" in strategies else strategies[-1], machines.gpus, machines.gpus_per_node)
+    """`machines`' GPUs with the leanest strategy --parallel allows."""
+    return Layout(leanest(strategies_for(settings.parallel, machines.nodes, machines.gpus)), machines.gpus,
+                  machines.gpus_per_node)
+
+
+def leanest(strategies: Sequence[str]) -> str:
+    """The strategy of `strategies` that holds the least per GPU: fsdp where it is one, else the last."""
+    return "fsdp" if "fsdp" in strategies else strategies[-1]
 
 
 LINE_LIKELIHOOD = {"zero2": -3, "fsdp": -2, "zero1": -1}
