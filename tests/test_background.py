@@ -200,3 +200,22 @@ def test_a_serving_child_that_failed_serves_nothing() -> None:
         served.submit(_emit_multiples_after_go, 2)
         assert served.poll(timeout_s=0.5) == [] and not served.alive
         served.close()
+
+
+@needs_fork
+def test_a_job_whose_file_cannot_be_written_is_refused_not_raised(monkeypatch) -> None:
+    # a full /dev/shm: the caller is told the child cannot take the job and does the work itself
+    from advisor.profile import background
+
+    with ForkedCall(lambda: 10, serves=True) as child:
+        pass
+    served = child.served()
+    assert served is not None and child.result(timeout_s=30) == 10
+
+    def full(self, value):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(background._Parcel, "filled", full)
+    assert served.submit(_emit_multiples_after_go, 2) is False and not served.alive
+    served.close()
+    assert not child._process.is_alive()

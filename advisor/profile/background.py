@@ -292,14 +292,15 @@ class Served:
 
     def submit(self, function: Callable[..., None], *args: object) -> bool:
         """Send `function` (a module-level function: it is pickled by name) and its arguments; False where
-        the child is gone or they cannot be pickled. They go through a file, the pipe carrying its name: a
+        the child is gone, they cannot be pickled or their file cannot be written. They go through a file, the
+        pipe carrying its name: a
         pipe holds 64 KiB, and a child still sending its own value (a trace of a megabyte) would not read
         more until this process reads that, which it may do only later."""
-        parcel = _Parcel.new()
-        self._parcels.append(parcel)
         try:
+            parcel = _Parcel.new()
+            self._parcels.append(parcel)
             parcel.filled((function, args))
-        except (TypeError, AttributeError, pickle.PicklingError):
+        except (OSError, TypeError, AttributeError, pickle.PicklingError):  # no room in the folder, or not picklable
             self.alive = False
             return False
         try:
