@@ -182,8 +182,19 @@ def test_a_serving_child_runs_jobs_on_its_value_and_skips_what_the_parent_did() 
     assert messages[-1][0] == "done"
     served.close()
     assert not child._process.is_alive() and not served.alive
-    assert not [name for name in os.listdir("/dev/shm") if name.startswith("gpu-advisor-")] \
-        if os.path.isdir("/dev/shm") else True
+
+
+@needs_fork
+def test_a_serving_child_closed_before_it_read_its_job_leaves_no_file() -> None:
+    # the estimate can end before its child has sent its own trace: the job's file was never read
+    with ForkedCall(lambda: time.sleep(60), serves=True) as child:
+        pass
+    served = child.served()
+    assert served is not None and served.submit(_emit_multiples_after_go, 2)
+    files = [child._parcel.path] + [parcel.path for parcel in child._job_parcels]
+    assert len(files) == 2 and all(os.path.exists(path) for path in files)
+    served.close()
+    assert not child._process.is_alive() and not any(os.path.exists(path) for path in files)
 
 
 @needs_fork

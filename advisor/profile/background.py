@@ -76,6 +76,7 @@ class ForkedCall(Generic[T]):
         self._receiver, sender = context.Pipe(duplex=False)
         self._jobs, child_jobs = context.Pipe(duplex=True) if serves else (None, None)
         self._parcel = _Parcel.new() if serves else None  # the serving child's value: removed by close() too
+        self._job_parcels: list[_Parcel] = []  # the jobs' (Served.submit), which a child killed first never read
         self._process = context.Process(target=_run_and_send,
                                         args=(work, sender, os.getpid(), child_jobs, self._parcel),
                                         daemon=not may_fork_again)
@@ -109,21 +110,22 @@ class ForkedCall(Generic[T]):
         sent its value, and not where it failed."""
         if self._jobs is None or self._closed or not self._process.is_alive():
             return None
-        return Served(self._jobs, self.close)
+        return Served(self._jobs, self.close, self._job_parcels)
 
     def close(self) -> None:
-        """Stop the child if it still runs and release its pipes (again: nothing)."""
-        if self._closed:
-            return
-        self._closed = True
-        for connection in (self._receiver, self._jobs):
-            if connection is not None and not connection.closed:
-                connection.close()
-        if self._process.is_alive():
-            self._process.kill()
-        self._process.join()
-        if self._parcel is not None:
-            self._parcel.remove()
+        """Stop the child if it still runs, release its pipes and remove the files it left unread (again: the
+        files only)."""
+        if not self._closed:
+            self._closed = True
+            for connection in (self._receiver, self._jobs):
+                if connection is not None and not connection.closed:
+                    connection.close()
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join()
+        for parcel in ([] if self._parcel is None else [self._parcel]) + self._job_parcels:
+            parcel.remove()
+        self._job_parcels.clear()
 
     def __enter__(self) -> ForkedCall[T]:
         return self
@@ -284,10 +286,11 @@ class Served:
     """The parent's side of a serving child's job channel (ForkedCall.served): `submit` a job, read what
     it sent with `poll`, tell it to `skip` an item done here; `close` stops the child."""
 
-    def __init__(self, connection: Connection, close: Callable[[], None]) -> None:
+    def __init__(self, connection: Connection, close: Callable[[], None], parcels: list[_Parcel]) -> None:
+        """`close` stops the child and removes `parcels`, where the jobs' files are listed as they are made."""
         self._connection = connection
         self._close = close
-        self._parcels: list[_Parcel] = []
+        self._parcels = parcels
         self.alive = True
 
     def submit(self, function: Callable[..., None], *args: object) -> bool:
@@ -296,6 +299,8 @@ class Served:
         pipe carrying its name: a
         pipe holds 64 KiB, and a child still sending its own value (a trace of a megabyte) would not read
         more until this process reads that, which it may do only later."""
+        if not self.alive:
+            return False
         try:
             parcel = _Parcel.new()
             self._parcels.append(parcel)
@@ -331,6 +336,3 @@ class Served:
         """Stop the child (it is killed: a job half done is of no use) and remove the jobs' files it left."""
         self.alive = False
         self._close()
-        for parcel in self._parcels:
-            parcel.remove()
-        self._parcels.clear()
