@@ -4,7 +4,10 @@ memory model is the same whether the two traces ran in one process or two."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +233,18 @@ def test_a_job_whose_file_cannot_be_written_is_refused_not_raised(monkeypatch) -
     assert served.submit(_emit_multiples_after_go, 2) is False and not served.alive
     served.close()
     assert not child._process.is_alive()
+
+
+@needs_fork
+def test_a_serving_child_no_one_closed_is_closed_when_the_process_exits(tmp_path: Path) -> None:
+    # a child left serving (its caller forgot it, or raised before it could close it) is stopped at exit and
+    # its file removed
+    script = tmp_path / "forgets.py"
+    script.write_text("import time\nfrom advisor.profile.background import ForkedCall\n"
+                      "child = ForkedCall(lambda: time.sleep(60), serves=True)\n"
+                      "print(child._parcel.path, child._process.pid, flush=True)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    path, pid = done.stdout.split()
+    assert not os.path.exists(path)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid), 0)

@@ -255,7 +255,11 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
         return trace, SecondTrace(traced_here)
     progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
     sibling = Sibling(2 * batch, serves=serve)  # traced in a child forked once the model is built
-    trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
+    try:
+        trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
+    except BaseException:  # a step that failed once the child was forked: the child is of no use
+        sibling.abandon()
+        raise
 
     def collected() -> StepTrace:
         found = sibling.collect()

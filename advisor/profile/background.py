@@ -10,6 +10,7 @@ None and traces in-process, where any error is raised with its traceback.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import multiprocessing
 import os
@@ -63,6 +64,16 @@ def can_fork() -> bool:
             and not multiprocessing.current_process().daemon)  # daemonic processes may not have children
 
 
+_SERVING: set[ForkedCall] = set()
+"""Serving children not closed yet: closed when this process exits (their files removed) where no one did."""
+
+
+@atexit.register
+def _close_serving() -> None:
+    for call in list(_SERVING):
+        call.close()
+
+
 class ForkedCall(Generic[T]):
     """`work()` running in a forked child; `result()` collects its (pickled) value.
 
@@ -84,6 +95,7 @@ class ForkedCall(Generic[T]):
         sender.close()
         if child_jobs is not None:
             child_jobs.close()
+            _SERVING.add(self)
         self._closed = False
 
     def result(self, timeout_s: float) -> T | None:
@@ -126,6 +138,7 @@ class ForkedCall(Generic[T]):
         for parcel in ([] if self._parcel is None else [self._parcel]) + self._job_parcels:
             parcel.remove()
         self._job_parcels.clear()
+        _SERVING.discard(self)
 
     def __enter__(self) -> ForkedCall[T]:
         return self
