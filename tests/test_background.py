@@ -248,3 +248,26 @@ def test_a_serving_child_no_one_closed_is_closed_when_the_process_exits(tmp_path
     assert not os.path.exists(path)
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid), 0)
+
+
+@needs_fork
+def test_the_files_of_a_process_killed_outright_are_removed_by_the_next_serving_child() -> None:
+    # SIGKILL leaves no cleanup: the next process that forks a serving child removes what a gone one left
+    from advisor.profile import background
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    folder = Path(background._JOB_FOLDER or __import__("tempfile").gettempdir())
+    stale = folder / f"{background.PARCEL_PREFIX}{gone.stdout.strip()}-left"
+    own = folder / f"{background.PARCEL_PREFIX}{os.getpid()}-mine"
+    stale.write_bytes(b"x")
+    own.write_bytes(b"x")
+    try:
+        with ForkedCall(lambda: 1, serves=True) as child:
+            pass
+        assert child.result(timeout_s=30) == 1
+        child.close()
+        assert not stale.exists() and own.exists()
+    finally:
+        own.unlink()
+        stale.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import torch
@@ -86,6 +87,8 @@ class ForkedCall(Generic[T]):
         context = multiprocessing.get_context("fork")
         self._receiver, sender = context.Pipe(duplex=False)
         self._jobs, child_jobs = context.Pipe(duplex=True) if serves else (None, None)
+        if serves:
+            remove_stale_parcels()
         self._parcel = _Parcel.new() if serves else None  # the serving child's value: removed by close() too
         self._job_parcels: list[_Parcel] = []  # the jobs' (Served.submit), which a child killed first never read
         self._process = context.Process(target=_run_and_send,
@@ -212,8 +215,8 @@ class _Parcel:
 
     @classmethod
     def new(cls) -> _Parcel:
-        """An empty file of this user's only (mkstemp: mode 0600)."""
-        descriptor, path = tempfile.mkstemp(prefix="gpu-advisor-", dir=_JOB_FOLDER)
+        """An empty file of this user's only (mkstemp: mode 0600), named after this process (remove_stale)."""
+        descriptor, path = tempfile.mkstemp(prefix=f"{PARCEL_PREFIX}{os.getpid()}-", dir=_JOB_FOLDER)
         os.close(descriptor)
         return cls(path)
 
@@ -236,6 +239,28 @@ class _Parcel:
         """Remove the file, where it still is (a value never read)."""
         if os.path.exists(self.path):
             os.unlink(self.path)
+
+
+PARCEL_PREFIX = "gpu-advisor-"
+"""Parcels are named PARCEL_PREFIX, the process that made them, "-", mkstemp's letters."""
+
+
+def remove_stale_parcels() -> None:
+    """Remove the parcels of processes of this user that are gone: a process killed outright (SIGKILL, which
+    no cleanup survives) leaves its own and its children's."""
+    folder = Path(_JOB_FOLDER or tempfile.gettempdir())
+    for path in folder.glob(f"{PARCEL_PREFIX}*-*"):
+        maker = path.name[len(PARCEL_PREFIX):].partition("-")[0]
+        if not maker.isdigit() or int(maker) == os.getpid():
+            continue
+        try:
+            if path.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(maker), 0)
+        except ProcessLookupError:  # its maker is gone
+            path.unlink(missing_ok=True)
+        except (PermissionError, FileNotFoundError):  # a process of another user has that number; or removed already
+            continue
 
 
 _JOB_FOLDER = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
