@@ -120,3 +120,28 @@ def test_the_estimate_is_the_same_with_the_child_replaying_layouts_or_without(mo
     assert sum(r.scale_out is not None for r in alone.results) == 2
     assert json.dumps(ahead.to_dict(), sort_keys=True, default=str) == \
         json.dumps(alone.to_dict(), sort_keys=True, default=str)
+
+
+def test_no_tensor_parallel_layout_is_listed_for_a_model_it_cannot_split() -> None:
+    # the MLP has no layers a tensor-parallel plan splits: the estimate says so (exit 2), and the child is sent no
+    # tp layout, which this process might otherwise re-play while it waits (an assertion, exit 1, once in CI)
+    from advisor.calibration.reference import load_families
+    from advisor.estimate.costs import Job
+    from advisor.estimate.parallel import LayoutMemory
+    from advisor.estimate.plan import EstimateSettings, likely_layouts
+    from advisor.estimate.targets import database_targets
+    from advisor.hardware.loader import load_hwdb
+    from advisor.memory.estimate import StepMemory
+    from advisor.memory.plan import MemorySettings, trace_both_batches
+    from advisor.profile.model_file import load_model_file
+
+    db = load_hwdb([])
+    targets = database_targets(db, [db.gpu("h100-sxm")], load_families(db))
+    memory = MemorySettings(8, "fp32", "adamw")
+    first, second = trace_both_batches(load_model_file("mlp"), memory, parallel=False)
+    layouts = LayoutMemory(first, second)
+    assert isinstance(layouts.plan, str)
+    for parallel, expected in (("tp", 0), ("auto", 8)):
+        settings = EstimateSettings(memory, Job(samples=800, epochs=1), num_gpus=8, parallel=parallel)
+        listed = likely_layouts(db, targets, settings, layouts, StepMemory.of_trace(first))
+        assert sum(layout.gpus == 8 for _, layout in listed) == expected  # auto: 4 strategies' steps and lines

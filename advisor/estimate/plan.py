@@ -561,8 +561,8 @@ def likely_layouts(db: HardwareDB, targets: Sequence[EstimateTarget], settings: 
             machines = machines_for(db, target.gpu, count)
             tp = 1 if gpus is None or isinstance(machines, str) else \
                 tensor_degree(settings.parallel, settings.tp, machines)
-            if isinstance(machines, str) or isinstance(tp, str):
-                continue
+            if isinstance(machines, str) or isinstance(tp, str) or (tp > 1 and isinstance(layouts.plan, str)):
+                continue  # no machine, or no tensor-parallel plan: the estimate says so (check_splittable)
             strategies = strategies_for(settings.parallel, machines.nodes, count // tp)
             lean = leanest(strategies)
             by_count.setdefault(count, []).extend(Layout(strategy, count, machines.gpus_per_node, tp)
