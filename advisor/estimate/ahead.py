@@ -56,7 +56,7 @@ class LayoutsAhead:
         self._position = -1  # the index of the item the child works on, or did last
         self._current: Item | None = None
         self._taken: set[Item] = set()  # done here: the child was told to skip them
-        self.sent = self.waited = 0  # items the child's re-plays gave this process; waits for one
+        self.sent = 0  # items the child's re-plays gave this process
 
     @classmethod
     def start(cls, served: Served, memory: LayoutMemory, trace: StepTrace,
@@ -100,7 +100,6 @@ class LayoutsAhead:
             if left <= 0:  # the child is too slow: done here
                 self._take(item)
                 return
-            self.waited += 1
             self.drain(min(left, 1.0))
 
     def _take(self, item: Item) -> None:

@@ -58,7 +58,7 @@ from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
 from advisor.parallel.strategy import Layout
 from advisor.estimate.packing import packed_trace
-from advisor.estimate.ahead import LayoutsAhead
+from advisor.estimate.ahead import LayoutsAhead, item_of
 from advisor.profile.trace import StepTrace
 
 Progress = Callable[[str], None]
@@ -542,7 +542,7 @@ def likely_layouts(db: HardwareDB, targets: Sequence[EstimateTarget], settings: 
     wanted: dict[tuple[str, tuple[str, bool, int, int]], tuple[str, Layout]] = {}
 
     def add(kind: str, layout: Layout) -> None:
-        wanted.setdefault((kind, LayoutMemory.key(layout)), (kind, layout))
+        wanted.setdefault(item_of(kind, layout), (kind, layout))
 
     add("step", ONE_GPU)
     add("line", ONE_GPU)
@@ -778,7 +778,7 @@ def _estimate_traced(model: ModelFile, db: HardwareDB, targets: Sequence[Estimat
     served = pending.served()
     if served is not None:
         wanted = [(kind, layout) for kind, layout in likely_layouts(db, targets, settings, layouts, step)
-                  if not layouts.has((kind, LayoutMemory.key(layout)))]
+                  if not layouts.has(item_of(kind, layout))]
         layouts.ahead = LayoutsAhead.start(served, layouts, trace, wanted)
     lowered = chunks_of(trace.records, trace.repeats, gpu=True, compiled=settings.compiled)  # for every GPU
     singles = {target.id: step_time(trace, settings, target, lowered) for target in targets

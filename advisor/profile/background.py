@@ -237,8 +237,7 @@ class _Parcel:
 
     def remove(self) -> None:
         """Remove the file, where it still is (a value never read)."""
-        if os.path.exists(self.path):
-            os.unlink(self.path)
+        Path(self.path).unlink(missing_ok=True)
 
 
 PARCEL_PREFIX = "gpu-advisor-"
@@ -334,9 +333,8 @@ class Served:
     def submit(self, function: Callable[..., None], *args: object) -> bool:
         """Send `function` (a module-level function: it is pickled by name) and its arguments; False where
         the child is gone, they cannot be pickled or their file cannot be written. They go through a file, the
-        pipe carrying its name: a
-        pipe holds 64 KiB, and a child still sending its own value (a trace of a megabyte) would not read
-        more until this process reads that, which it may do only later."""
+        pipe carrying its name: a pipe holds 64 KiB, and a child still sending its own value (a trace of a
+        megabyte) would not read more until this process reads that, which it may do only later."""
         if not self.alive:
             return False
         try:
