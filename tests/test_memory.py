@@ -352,3 +352,36 @@ def test_adafactor_state_is_far_smaller_than_adams() -> None:
     # Adam: 2 * 512*512*4 = 2 MiB (+ the step); Adafactor: row and column factors 2 * 512 * 4 = 4 KiB (+ step)
     assert state("adam") == 2 * 512 * 512 * 4 + 4
     assert state("adafactor") < 8 * 1024
+
+
+def test_the_live_memory_tracker_run_by_its_caller_registers_what_it_did_as_a_mode() -> None:
+    """One mode on the stack, or taken off it and called by the mode above (run_by_caller): the same storages."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+    from advisor.profile.live_memory import LiveMemoryTracker
+
+    class Caller(TorchDispatchMode):
+        def __init__(self, tracker: LiveMemoryTracker) -> None:
+            super().__init__()
+            self.tracker = tracker
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return self.tracker.run(func, args, kwargs or {})
+
+    def step(tracker: LiveMemoryTracker) -> tuple[int, ...]:
+        x = torch.ones(4, 5)  # 4 x 5 fp32: 80 bytes
+        tracker.open_step()
+        y = x.relu()  # 80 bytes
+        z = torch.cat([x, y])  # 8 x 5 fp32: 160 bytes
+        del y, z
+        return tuple(s.nbytes for s in tracker.close_step().storages)
+
+    with LiveMemoryTracker() as as_mode:
+        on_stack = step(as_mode)
+    with LiveMemoryTracker() as tracker:
+        with tracker.run_by_caller():
+            assert _get_current_dispatch_mode() is None
+            with Caller(tracker):
+                by_caller = step(tracker)
+        assert _get_current_dispatch_mode() is tracker
+    assert on_stack == by_caller == (80, 80, 160)

@@ -21,7 +21,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -355,6 +355,9 @@ class _Recorder(TorchDispatchMode):
         tensors (_answered_by_shapes): set for the optimizers of make_optimizer, whose ops are known to fit."""
         self.memory_limit = memory_limit
         """Bytes of live storages past which the op stops the step (_OverBudget): a real run's budget."""
+        self.runs_memory = False
+        """Set while the memory tracker is off the dispatch stack (LiveMemoryTracker.run_by_caller): this mode
+        passes each op on through it."""
         self.tracker = tracker
         self.memory = memory
         self.watch = watch or TraceWatch()
@@ -396,23 +399,30 @@ class _Recorder(TorchDispatchMode):
         if self.first_step_aliases and not self.recording and _aliased_in_first_step(func, args):
             return next(list(a) for a in args if tensor_list(a))
         try:
-            out = func(*args, **kwargs)
+            out = self.memory.run(func, args, kwargs) if self.runs_memory else func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
             if self.phase == "optimizer" and func.overloadpacket.__name__ == SCALAR_ITEM:
                 return self._record(func, args, kwargs, _stand_in_scalar(args[0]), first_storage)
             shaped = SHAPE_KERNELS.get(func.overloadpacket)
             if shaped is not None:  # outputs from shapes alone (shapes.py); the memory tracker sees them made
-                return self._record(func, args, kwargs, shaped(args, kwargs), first_storage)
+                with self._beneath_memory():
+                    return self._record(func, args, kwargs, shaped(args, kwargs), first_storage)
             real_arguments = None if self.fake_mode is None else self._real_arguments(args, kwargs)
             if real_arguments is None:
                 raise
-            out = self._answer_from_real_values(func, real_arguments)
+            with self._beneath_memory():
+                out = self._answer_from_real_values(func, real_arguments)
             self.memory.observe(out, func.overloadpacket.__name__)
         else:
             self._keep_real_twin(func, args, kwargs, out)
         if self.memory_limit is not None and self.memory.live_bytes > self.memory_limit:
             raise _OverBudget(self.memory.live_bytes)
         return self._record(func, args, kwargs, out, first_storage)
+
+    def _beneath_memory(self) -> AbstractContextManager:
+        """Where this mode runs the memory tracker's work (runs_memory), the ops it makes itself in the block
+        go through the tracker, as they would beneath it."""
+        return self.memory if self.runs_memory else nullcontext()
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, first_storage: int) -> Any:
         """Record one op call (while recording) and return its output."""
@@ -953,7 +963,8 @@ def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None
         memory.module_source = recorder.module
         recorder.shortcut_optimizer = setup.optimizer != FILE_OPTIMIZER and not real
         recorder.first_step_aliases = setup.optimizer in FIRST_STEP_ALIASES and not real
-        with tracker, recorder, unpacked_fake_sequences():
+        with tracker, memory.run_by_caller(), recorder, unpacked_fake_sequences():
+            recorder.runs_memory = True
             recorder.phase = "optimizer"
             with _optimizer_code(setup, "the optimizer's first step"), nullcontext() if real else FiniteActivations():
                 _create_optimizer_state(opt, stepped, keep_gradients=setup.accumulate_gradients, fake=not real)
