@@ -109,9 +109,9 @@ def test_the_sibling_batch_is_traced_by_a_child_from_the_built_model() -> None:
     sibling = Sibling(4)
     first = trace(2, sibling)
     assert built == [1] and first.batch_size == 2  # one build here for both batches
-    assert sibling.pending is not None  # left running while this process goes on
+    assert sibling.child is not None and sibling.child.unread  # left running while this process goes on
     second = sibling.collect()
-    assert second is not None and second.batch_size == 4 and sibling.pending is None
+    assert second is not None and second.batch_size == 4 and not sibling.child.unread
     alone = trace(4)
     assert second.records == alone.records
     assert StepMemory.of_trace(second) == StepMemory.of_trace(alone)

@@ -78,3 +78,27 @@ def test_a_traced_step_is_faster_with_a_larger_l2_and_the_same_with_none() -> No
              for size in (None, 1, 6 * MB, 72 * MB)]
     # [64, 16, 32, 32] fp32 activations are 4 MB: a 6 MB L2 holds some values from one op to the next
     assert steps[0] == steps[1] > steps[2] > steps[3]
+
+
+def test_chunk_facts_give_one_kind_per_distinct_op_and_each_chunks_hits_per_l2_size() -> None:
+    from advisor.estimate.step import ChunkFacts
+
+    relu, add = pointwise("relu", 4 * MB, -1), pointwise("add", 4 * MB, 1)
+    block = [relu, add]  # a block of 2 ops repeated 3 times after a chunk of its own relu
+    facts = ChunkFacts([([relu], 1), (block, 3)])
+    assert facts.kinds == [[0], [0, 1]]  # relu twice: one kind; add: another (a module name would not count)
+    # after [relu] (8 MB of traffic): the block's relu reads a parameter, add reads relu's 4 MB output, 8 MB back
+    assert facts.hits(8 * MB) == [([0], None), ([0, 4 * MB], [0, 4 * MB])]
+    assert facts.hits(6 * MB) == [([0], None), ([0, 0], [0, 0])]
+    assert facts.hits(8 * MB) is facts.hits(8 * MB)  # made once per L2 size
+
+
+def test_a_step_timed_with_its_chunk_facts_kept_equals_one_timed_afresh() -> None:
+    from advisor.estimate.step import estimate_chunks
+
+    relu, add = pointwise("relu", 4 * MB, -1), pointwise("add", 4 * MB, 1)
+    device = dataclasses.replace(DeviceModel("gpu", "gpu", synthetic_profile(dispatch_s=0.0)), l2_cache_bytes=8 * MB)
+    chunks = [([relu], 1), ([relu, add], 5)]
+    kept = [estimate_chunks(chunks, "fp32", device) for _ in range(2)]  # the second with the first's facts
+    fresh = estimate_chunks([(list(records), copies) for records, copies in chunks], "fp32", device)
+    assert kept[0] == kept[1] == fresh

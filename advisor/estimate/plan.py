@@ -59,7 +59,7 @@ from advisor.profile.model_file import ModelFile
 from advisor.parallel.strategy import Layout
 from advisor.estimate.packing import packed_trace
 from advisor.estimate.ahead import LayoutsAhead, item_of
-from advisor.profile.trace import StepTrace
+from advisor.profile.trace import OpRecord, StepTrace
 
 Progress = Callable[[str], None]
 
@@ -436,7 +436,7 @@ def step_time(trace: StepTrace, settings: EstimateSettings, target: EstimateTarg
     trace's chunks as CUDA runs them (step.chunks_of, fused where settings.compiled), made once for many
     GPUs."""
     records, memory, compiled = trace.records, settings.memory, settings.compiled
-    loop = [LOOP_READ_BACK] if settings.sync_each_step else []
+    loop = _LOOP if settings.sync_each_step else []
     if not memory.accumulate_gradients:
         gpu = target.device.kind == "gpu"
         chunks = lowered if lowered is not None and gpu else chunks_of(records, trace.repeats, gpu, compiled)
@@ -445,6 +445,11 @@ def step_time(trace: StepTrace, settings: EstimateSettings, target: EstimateTarg
     optimizer = [r for r in records if r.phase == "optimizer"] + loop
     return estimate_accumulated(micro, optimizer, memory.accumulation_steps, trace.precision, target.device,
                                 compiled)
+
+
+_LOOP: list[OpRecord] = [LOOP_READ_BACK]
+"""The training loop's read-back as a chunk of records, one list for every GPU (step.ChunkFacts knows a chunk by
+its list)."""
 
 
 def rank_results(results: Sequence[DeviceEstimate]) -> tuple[DeviceEstimate, ...]:

@@ -120,6 +120,11 @@ class ForkedCall(Generic[T]):
                 self._receiver.close()
         return value if succeeded else None
 
+    @property
+    def unread(self) -> bool:
+        """Whether result() has yet to be called (and the call was not closed before)."""
+        return not self._receiver.closed
+
     def served(self) -> Served | None:
         """The child's job channel (None: it does not serve, or is gone): a job sent runs once the child has
         sent its value, and not where it failed."""

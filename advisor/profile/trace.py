@@ -706,35 +706,31 @@ class Sibling:
 
     batch_size: int
     trace: StepTrace | None = None
-    pending: ForkedCall[StepTrace] | None = None
-    """The child still tracing (or done and unread) once this process's own step is traced: collect() waits."""
+    child: ForkedCall[StepTrace] | None = None
+    """The child forked to trace the step: collect() waits for its step while it has not been read; one that
+    serves stays after it (served())."""
     grace_s: float = 0.0
     """Seconds collect() waits for the child: CHILD_GRACE_S beyond the time this process's own step took."""
     serves: bool = False
     """The child stays, once its step is sent, to run jobs on it (background.Served): `served()`."""
-    _serving: ForkedCall[StepTrace] | None = field(default=None, init=False, repr=False)
 
     def collect(self) -> StepTrace | None:
         """The child's step, waited for where it was left running (the caller meanwhile did other work that
         needs only its own step); None where no child ran it or it failed."""
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            self.trace = pending.result(timeout_s=self.grace_s)
+        if self.child is not None and self.child.unread:
+            self.trace = self.child.result(timeout_s=self.grace_s)
         return self.trace
 
     def served(self) -> Served | None:
         """The serving child's job channel (None: no child serves); jobs sent before its step is collected wait
         for it. Its caller closes it (Served.close); abandon() does too."""
-        return None if self._serving is None else self._serving.served()
+        return None if self.child is None else self.child.served()
 
     def abandon(self) -> None:
         """Stop a child left running (a step traced again forks another)."""
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            pending.close()
-        if self._serving is not None:
-            serving, self._serving = self._serving, None
-            serving.close()
+        if self.child is not None:
+            child, self.child = self.child, None
+            child.close()
 
 
 class _ConstructorNeedsValues(Exception):
@@ -921,9 +917,7 @@ def _sibling_beside(setup: _Setup, values: str, step: Callable[[_Setup], StepTra
         return
     with child:
         yield
-    sibling.pending, sibling.grace_s = child, CHILD_GRACE_S + time.perf_counter() - started
-    if sibling.serves:
-        sibling._serving = child
+    sibling.child, sibling.grace_s = child, CHILD_GRACE_S + time.perf_counter() - started
 
 
 def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None, dedupe: bool,
