@@ -18,13 +18,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.parameter import UninitializedTensorMixin
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:
+    from advisor.profile.live_memory import LiveMemoryTracker
 
 from advisor.profile.torch_patches import registration_hooks
 
@@ -110,11 +113,18 @@ class ValuesLeftUnwritten(TorchDispatchMode):
     `zero_`: what nn.init and Hugging Face's _init_weights run on every parameter) return the tensor
     untouched: a fake tensor has no values to write, and the fake-tensor and memory modes below would
     each handle the call for nothing (a fifth of building Llama-3-70B's 80 layers). A fake tensor that
-    carries a constant (made from a Python number) is written as usual: its value is known."""
+    carries a constant (made from a Python number) is written as usual: its value is known. With `memory`
+    (a LiveMemoryTracker taken off the dispatch stack: run_by_caller), the other ops go on through it."""
+
+    def __init__(self, memory: LiveMemoryTracker | None = None) -> None:
+        super().__init__()
+        self.memory = memory
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func in VALUE_ONLY_WRITES and isinstance(args[0], FakeTensor) and args[0].constant is None:
             return args[0]
+        if self.memory is not None:
+            return self.memory.run(func, args, kwargs or {})
         return func(*args, **(kwargs or {}))
 
 
