@@ -42,7 +42,7 @@ def test_a_pipe_without_columns_gets_every_column(capsys: pytest.CaptureFixture[
     assert code == 0
     header = next(line for line in out.splitlines() if line.split()[:2] == ["#", "Device"])
     assert header.split() == ["#", "Device", "Peak/Mem", "GiB", "Max", "bs", "Step", "Samples/s", "Train", "Bound",
-                              "Cheapest", "cloud", "Job", "$", "Spot", "$", "Buy", "$", "Calib", "GPUs"]
+                              "Cheapest", "cloud", "Job", "$", "Spot", "$", "Buy", "$", "Calib", "GPUs", "MFU"]
 
 
 @pytest.mark.slow
@@ -58,8 +58,22 @@ def test_csv_has_every_device_and_column(capsys: pytest.CaptureFixture[str], mon
     code, out, _ = run(capsys, "estimate", "mlp", *GPUS, "--format", "csv")
     assert code == 0
     rows = list(csv.reader(io.StringIO(out)))
-    assert rows[0][:3] == ["#", "Device", "Peak/Mem GiB"] and len(rows[0]) == 14 and rows[0][-1] == "GPUs"
+    assert rows[0][:3] == ["#", "Device", "Peak/Mem GiB"] and len(rows[0]) == 15 and rows[0][-2:] == ["GPUs", "MFU"]
     assert sorted(row[1] for row in rows[1:]) == sorted(GPUS[1::2])
+
+
+def test_every_device_row_shows_the_mfu_of_its_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """MFU beside throughput in the table as in --json: the step's FLOPs / step time / the peak (issue #28)."""
+    code, out, _ = run(capsys, "estimate", "mlp", *GPUS, "--format", "csv")
+    assert code == 0
+    shown = {row[1]: row[-1] for row in list(csv.reader(io.StringIO(out)))[1:]}
+    code, out, _ = run(capsys, "estimate", "mlp", *GPUS, "--json")
+    results = json.loads(out)["results"]
+    assert results and all(r["mfu"] is not None for r in results)
+    for result in results:
+        mfu = result["mfu"]
+        assert 0 < mfu < 1
+        assert shown[result["gpu_id"]] == (f"{100 * mfu:.0f}%" if mfu >= 0.095 else f"{100 * mfu:.1f}%")
 
 
 def test_markdown_is_a_table_with_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,3 +144,10 @@ def test_colour_only_on_request_of_the_terminal(capsys: pytest.CaptureFixture[st
     monkeypatch.setenv("NO_COLOR", "1")
     code, out, _ = run(capsys, *argv)
     assert "\x1b[" not in out  # NO_COLOR, and a pipe (capsys) never gets colour either
+
+
+@pytest.mark.parametrize("mfu, text", [(None, "-"), (0.412, "41%"), (0.095, "10%"), (0.0123, "1.2%")])
+def test_mfu_reads_as_a_percentage(mfu: float | None, text: str) -> None:
+    from advisor.present.format import mfu_cell
+
+    assert mfu_cell(mfu) == text

@@ -220,3 +220,21 @@ def test_the_notes_an_estimate_ends_with_follow_the_summary(estimate_and_db, rep
     assert note in " ".join(text.split()) and text.index("Summary") < text.index(note[:40]) < text.index("The model")
     write_report(noted, tmp_path / "noted.md")
     assert f"> {note[:40]}" in (tmp_path / "noted.md").read_text().replace("\\", "")
+
+
+def test_every_device_row_gives_its_mfu_in_html_and_markdown(estimate_and_db, report, tmp_path: Path) -> None:
+    """MFU beside throughput (issue #28): each fitting device's row has its model FLOPs utilisation."""
+    from advisor.present.format import mfu_cell
+
+    estimate, _ = estimate_and_db
+    rows = {row.device: row for row in report.devices}
+    for result in estimate.results:
+        assert rows[result.id].mfu == (mfu_cell(result.mfu) if result.fits else "-")
+        assert rows[result.id].mfu != "-" or not result.fits
+    document = render_html(report)
+    assert "<th class=\"num\">MFU</th>" in document
+    fastest = estimate.by_time()[0]
+    assert f"{mfu_cell(fastest.mfu)} MFU" in next(r.reason for r in report.recommendations if r.title == "Fastest")
+    write_report(report, tmp_path / "plan.md")
+    markdown = (tmp_path / "plan.md").read_text()
+    assert "| samples/s | MFU | train |" in markdown and f"| {rows[fastest.id].mfu} |" in markdown

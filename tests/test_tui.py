@@ -232,6 +232,28 @@ def test_sorting_by_key_and_by_column_header() -> None:
     drive(scenario)
 
 
+def test_the_table_and_the_detail_give_each_devices_mfu() -> None:
+    """MFU beside throughput (issue #28), in the table of a wide terminal and in the device's detail."""
+    from advisor.present.format import mfu_cell
+
+    async def scenario(app: AdvisorApp, pilot) -> None:
+        screen = app.screen
+        table = screen.query_one("#devices", DataTable)
+        keys = [column.key.value for column in table.columns.values()]
+        assert keys.index("mfu") == keys.index("throughput") + 1
+        expected = {r.id: mfu_cell(r.mfu) for r in screen.estimate.fitting}
+        assert all(value != "-" for value in expected.values())
+        shown = {key.value: str(value) for key, value in zip(table.rows, table.get_column("mfu"))}
+        assert {device: shown[device] for device in expected} == expected
+        table.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        first = screen.estimate.by_time()[0]
+        assert f"({mfu_cell(first.mfu)} MFU)" in str(screen.query_one("#detail-time", Static).render())
+
+    drive(scenario, (160, 40))
+
+
 def test_selecting_a_row_shows_its_detail() -> None:
     async def scenario(app: AdvisorApp, pilot) -> None:
         screen = app.screen

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from advisor.app.plan import advise, advisor_runs, plan
 from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
-from advisor.present.format import (describe_params, duration, fits_nowhere_message, gib, money, plan_duration, si,
-                                    tight_fit_line)
+from advisor.present.format import (describe_params, duration, fits_nowhere_message, gib, mfu_cell, money,
+                                    plan_duration, si, tight_fit_line)
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
@@ -112,16 +112,17 @@ def fits_nowhere(estimate: Estimate, request: PlanRequest) -> str:
 def columns(spot: bool, tokens: bool = False) -> list[Column]:
     """The device table's columns; with `spot` the job is priced at spot rates and the other price
     column is on demand; with `tokens` (a sequence model) throughput is in tokens/s. In a narrow
-    terminal the calibration, max batch, spot cost, throughput, purchase price, bound, step time,
-    cheapest offer and GPUs (last, so that CSV columns keep their places) give way in that order; rank,
-    device, memory, time-to-train and job cost stay (80 columns keep the cheapest offer too)."""
+    terminal the calibration, max batch, spot cost, MFU, throughput, purchase price, bound, step time,
+    cheapest offer and GPUs give way in that order; rank, device, memory, time-to-train and job cost stay (80
+    columns keep the cheapest offer too). Columns added later come last (GPUs, MFU), so that CSV columns keep
+    their places."""
     return [
         Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
-        Column("Step", True, drop_order=7), Column("Tokens/s" if tokens else "Samples/s", True, drop_order=4),
+        Column("Step", True, drop_order=8), Column("Tokens/s" if tokens else "Samples/s", True, drop_order=5),
         Column("Train", True),
-        Column("Bound", drop_order=6), Column("Cheapest cloud", drop_order=8), Column("Job $", True),
-        Column("On-demand $" if spot else "Spot $", True, drop_order=3), Column("Buy $", True, drop_order=5),
-        Column("Calib", drop_order=1), Column("GPUs", drop_order=9),
+        Column("Bound", drop_order=7), Column("Cheapest cloud", drop_order=9), Column("Job $", True),
+        Column("On-demand $" if spot else "Spot $", True, drop_order=3), Column("Buy $", True, drop_order=6),
+        Column("Calib", drop_order=1), Column("GPUs", drop_order=10), Column("MFU", True, drop_order=4),
     ]
 
 
@@ -133,7 +134,8 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     calibration = result.target.calibration
     if not result.fits:  # time-to-train is never dropped: what is missing goes there
         short = f"{gib(result.memory.missing_bytes)} GiB short"
-        return ["", result.id, memory, max_batch, "", "", short, "", "", "", "", buy, calibration, gpus_cell(result)]
+        return ["", result.id, memory, max_batch, "", "", short, "", "", "", "", buy, calibration, gpus_cell(result),
+                ""]
     offer = result.cheapest(spot_ranked)  # the offer the job cost is priced on, at the rate shown
     if offer is None:
         where = result.no_offer_reason()
@@ -144,7 +146,7 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
         str(rank), result.id, memory, max_batch, duration(result.step_time_s),
         f"{result.throughput:,.1f}" if result.throughput_tokens_per_s is None else f"{result.throughput_tokens_per_s:,.0f}",
         plan_duration(result.time_to_train_s), result.step.bound, where, money(result.job_cost_usd(spot_ranked)),
-        money(other), buy, calibration, gpus_cell(result),
+        money(other), buy, calibration, gpus_cell(result), mfu_cell(result.mfu),
     ]
 
 

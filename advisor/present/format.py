@@ -41,6 +41,13 @@ def percent(fraction: float, digits: int = 1) -> str:
     return f"{100 * fraction:.{digits}f}%"
 
 
+def mfu_cell(mfu: float | None) -> str:
+    """Model FLOPs utilisation as a table shows it: 0.412 -> "41%", 0.0123 -> "1.2%", None -> "-"."""
+    if mfu is None:
+        return "-"
+    return f"{100 * mfu:.0f}%" if mfu >= 0.095 else f"{100 * mfu:.1f}%"
+
+
 def duration(seconds: float, digits: int = 3) -> str:
     """2.7e-06 -> "2.70 us", 0.0153 -> "15.3 ms", 12.5 -> "12.5 s" (SI prefixes below a second)."""
     for scale, prefix in ((1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n")):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from advisor import __version__, units
-from advisor.present.format import describe_params, duration, money, percent, plan_duration, si
+from advisor.present.format import describe_params, duration, mfu_cell, money, percent, plan_duration, si
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import input_bound, pipeline_line, supply_line
@@ -60,6 +60,8 @@ class DeviceRow:
     fits: bool
     gpus: str = "1"
     """present.parallel.gpus_cell: how many GPUs and the strategy, or the fewest that fit."""
+    mfu: str = "-"
+    """Model FLOPs utilisation (present.format.mfu_cell)."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,8 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         best = by_time[0]
         runner_up = f"; next: {by_time[1].id} at {plan_duration(by_time[1].time_to_train_s)}" if len(by_time) > 1 else ""
         found.append(Recommendation("Fastest", best.id, f"trains in {plan_duration(best.time_to_train_s)} "
-                                    f"({best.throughput:,.1f} {unit}/s, {best.step.bound}-bound){runner_up}"))
+                                    f"({best.throughput:,.1f} {unit}/s, {best.step.bound}-bound"
+                                    f"{'' if best.mfu is None else f', {mfu_cell(best.mfu)} MFU'}){runner_up}"))
     if by_cost:
         best = by_cost[0]
         offer = best.cheapest(spot)
@@ -297,7 +300,7 @@ def _device_row(rank: int, result: DeviceEstimate, spot: bool) -> DeviceRow:
     return DeviceRow(str(rank), result.id, result.target.name, memory, max_batch, duration(result.step_time_s),
                      f"{result.throughput:,.1f}", plan_duration(result.time_to_train_s), result.step.bound, cloud,
                      money(result.job_cost_usd()), money(result.spot_saving_cost_usd()), buy,
-                     result.target.calibration, True, gpus_cell(result))
+                     result.target.calibration, True, gpus_cell(result), mfu_cell(result.mfu))
 
 
 def _offers(estimate: Estimate) -> list[OfferRow]:

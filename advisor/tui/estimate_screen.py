@@ -30,7 +30,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from advisor import units
 from advisor.present.ranking import SORT_KEYS, sort_results
-from advisor.present.format import duration, money, plan_duration
+from advisor.present.format import duration, mfu_cell, money, plan_duration
 from advisor.present.pipeline import input_bound
 from advisor.errors import UserError
 from advisor.estimate.plan import DeviceEstimate, Estimate
@@ -66,9 +66,9 @@ NO_SELECTION = getattr(Select, "NULL", None) or Select.BLANK
 """A Select with nothing chosen (Textual 8 calls it Select.NULL, earlier versions Select.BLANK)."""
 COLUMNS = (  # (key, label, sort key when its header is clicked, drop order in a narrow table: 1 first)
     ("rank", "#", "time", None), ("device", "Device", "name", None), ("memory", "Peak/Mem GiB", "memory", None),
-    ("step", "Step", "time", 3), ("throughput", "Samples/s", "throughput", 2), ("train", "Train", "time", None),
-    ("bound", "Bound", "time", 1), ("cost", "Cheapest $", "cost", None), ("buy", "Buy $", "name", 4),
-    ("gpus", "GPUs", "time", 5),
+    ("step", "Step", "time", 4), ("throughput", "Samples/s", "throughput", 3), ("mfu", "MFU", "throughput", 2),
+    ("train", "Train", "time", None), ("bound", "Bound", "time", 1), ("cost", "Cheapest $", "cost", None),
+    ("buy", "Buy $", "name", 5), ("gpus", "GPUs", "time", 6),
 )
 CELL_PADDING = 2
 """Columns a DataTable adds around each cell (one each side)."""
@@ -564,7 +564,7 @@ def _text(value: object) -> str:
 
 
 def _columns_that_fit(rows: list[list[object]], width: int) -> list[int]:
-    """Indices of COLUMNS to show in `width` columns: the narrowest table drops bound, throughput, step
+    """Indices of COLUMNS to show in `width` columns: the narrowest table drops bound, MFU, throughput, step
     time and purchase price in that order, so time-to-train and cost always show whole figures."""
     def column_width(index: int) -> int:
         return max([len(COLUMNS[index][1])] + [len(str(row[index])) for row in rows]) + CELL_PADDING
@@ -582,8 +582,8 @@ def _cells(rank: int, result: DeviceEstimate, spot: bool) -> list[object]:
     buy = money(gpu.purchase_usd) if gpu is not None and gpu.purchase_usd is not None else "-"
     if not result.fits:
         short = Text(f"✗ {result.memory.missing_bytes / units.GIB:.1f} GiB short", style="red")
-        return ["", Text(result.id, style="dim red"), Text(memory, style="red"), short, "", "", "", "", buy,
+        return ["", Text(result.id, style="dim red"), Text(memory, style="red"), short, "", "", "", "", "", buy,
                 gpus_cell(result)]
     return [str(rank), result.id, memory, duration(result.step_time_s), f"{result.throughput:,.1f}",
-            plan_duration(result.time_to_train_s), result.step.bound, money(result.job_cost_usd(spot)), buy,
-            gpus_cell(result)]
+            mfu_cell(result.mfu), plan_duration(result.time_to_train_s), result.step.bound,
+            money(result.job_cost_usd(spot)), buy, gpus_cell(result)]
