@@ -111,7 +111,7 @@ def test_the_sibling_batch_is_traced_by_a_child_from_the_built_model() -> None:
     assert built == [1] and first.batch_size == 2  # one build here for both batches
     assert sibling.child is not None and sibling.child.unread  # left running while this process goes on
     second = sibling.collect()
-    assert second is not None and second.batch_size == 4 and not sibling.child.unread
+    assert second is not None and second.batch_size == 4 and sibling.child is None
     alone = trace(4)
     assert second.records == alone.records
     assert StepMemory.of_trace(second) == StepMemory.of_trace(alone)

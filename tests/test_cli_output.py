@@ -151,3 +151,10 @@ def test_mfu_reads_as_a_percentage(mfu: float | None, text: str) -> None:
     from advisor.present.format import mfu_cell
 
     assert mfu_cell(mfu) == text
+
+
+def test_sort_by_mfu_puts_the_highest_first(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "estimate", "mlp", *GPUS, "--sort", "mfu", "--format", "csv")
+    assert code == 0
+    shown = [float(row[-1].rstrip("%")) for row in list(csv.reader(io.StringIO(out)))[1:] if row[-1]]
+    assert len(shown) == 4 and shown == sorted(shown, reverse=True)

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the command line's parser imports SORT_KEYS before torch is needed
     from advisor.estimate.plan import DeviceEstimate, Estimate
 
-SORT_KEYS = ("time", "cost", "throughput", "memory", "name")
-"""Orders a user can ask for: time-to-train, job cost, throughput, device memory, name."""
+SORT_KEYS = ("time", "cost", "throughput", "memory", "name", "mfu")
+"""Orders a user can ask for: time-to-train, job cost, throughput, device memory, name, model FLOPs utilisation
+(highest first; a device without a known peak last)."""
 
 
 def sort_results(estimate: Estimate, key: str) -> list[DeviceEstimate]:
@@ -21,5 +22,6 @@ def sort_results(estimate: Estimate, key: str) -> list[DeviceEstimate]:
         "throughput": lambda r: (-r.throughput, r.id),
         "memory": lambda r: (-r.memory.capacity_bytes, r.id),
         "name": lambda r: r.id,
+        "mfu": lambda r: (r.mfu is None, -(r.mfu or 0.0), r.id),
     }
     return sorted(fitting, key=orders[key]) + [r for r in estimate.results if not r.fits]

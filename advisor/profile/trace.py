@@ -707,8 +707,8 @@ class Sibling:
     batch_size: int
     trace: StepTrace | None = None
     child: ForkedCall[StepTrace] | None = None
-    """The child forked to trace the step: collect() waits for its step while it has not been read; one that
-    serves stays after it (served())."""
+    """The child forked to trace the step, until collect() has read its step; one that serves stays after it
+    (served())."""
     grace_s: float = 0.0
     """Seconds collect() waits for the child: CHILD_GRACE_S beyond the time this process's own step took."""
     serves: bool = False
@@ -719,6 +719,8 @@ class Sibling:
         needs only its own step); None where no child ran it or it failed."""
         if self.child is not None and self.child.unread:
             self.trace = self.child.result(timeout_s=self.grace_s)
+            if not self.serves:  # done: its process object holds the built model
+                self.child = None
         return self.trace
 
     def served(self) -> Served | None:

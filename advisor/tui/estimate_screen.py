@@ -66,7 +66,7 @@ NO_SELECTION = getattr(Select, "NULL", None) or Select.BLANK
 """A Select with nothing chosen (Textual 8 calls it Select.NULL, earlier versions Select.BLANK)."""
 COLUMNS = (  # (key, label, sort key when its header is clicked, drop order in a narrow table: 1 first)
     ("rank", "#", "time", None), ("device", "Device", "name", None), ("memory", "Peak/Mem GiB", "memory", None),
-    ("step", "Step", "time", 4), ("throughput", "Samples/s", "throughput", 3), ("mfu", "MFU", "throughput", 2),
+    ("step", "Step", "time", 4), ("throughput", "Samples/s", "throughput", 3), ("mfu", "MFU", "mfu", 2),
     ("train", "Train", "time", None), ("bound", "Bound", "time", 1), ("cost", "Cheapest $", "cost", None),
     ("buy", "Buy $", "name", 5), ("gpus", "GPUs", "time", 6),
 )
