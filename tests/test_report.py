@@ -8,6 +8,7 @@ import dataclasses
 
 import datetime as dt
 import html
+import json
 import re
 import shutil
 import subprocess
@@ -238,3 +239,16 @@ def test_every_device_row_gives_its_mfu_in_html_and_markdown(estimate_and_db, re
     write_report(report, tmp_path / "plan.md")
     markdown = (tmp_path / "plan.md").read_text()
     assert "| samples/s | MFU | train |" in markdown and f"| {rows[fastest.id].mfu} |" in markdown
+
+
+def test_a_sequence_models_devices_give_tokens_per_second(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As the command line's table: a model with a sequence length counts tokens/s (samples/s x its length)."""
+    out = tmp_path / "plan.md"
+    assert main(["report", "gpt2_small", "--gpu", "h100-sxm", "--batch-size", "2", "-o", str(out)]) == 0
+    capsys.readouterr()
+    markdown = out.read_text()
+    assert "| step | tokens/s | MFU |" in markdown and "samples/s" not in markdown.split("## All devices")[1]
+    assert main(["estimate", "gpt2_small", "--gpu", "h100-sxm", "--batch-size", "2", "--json"]) == 0
+    tokens = json.loads(capsys.readouterr().out)["results"][0]["throughput_tokens_per_s"]
+    row = next(line for line in markdown.splitlines() if line.startswith("| 1 | h100-sxm |"))
+    assert f"| {tokens:,.0f} |" in row

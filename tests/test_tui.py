@@ -254,6 +254,26 @@ def test_the_table_and_the_detail_give_each_devices_mfu() -> None:
     drive(scenario, (160, 40))
 
 
+def test_a_sequence_models_table_gives_tokens_per_second() -> None:
+    """As the command line's table: a model with a sequence length counts tokens/s."""
+    from advisor.present.format import throughput_cell
+
+    app = AdvisorApp(DB, PlanRequest(model="gpt2_small", gpus=("h100-sxm", "a100-sxm4-80gb"), batch_size=2))
+
+    async def started() -> None:
+        async with app.run_test(size=(160, 40)) as pilot:
+            await settled(pilot)
+            table = app.screen.query_one("#devices", DataTable)
+            labels = [str(column.label) for column in table.columns.values()]
+            assert "Tokens/s" in labels and "Samples/s" not in labels
+            expected = {r.id: throughput_cell(r.throughput, r.throughput_tokens_per_s) for r in app.screen.estimate.fitting}
+            shown = {key.value: str(value) for key, value in zip(table.rows, table.get_column("throughput"))}
+            assert expected and {device: shown[device] for device in expected} == expected
+            assert all(r.throughput_tokens_per_s is not None for r in app.screen.estimate.fitting)
+
+    asyncio.run(started())
+
+
 def test_selecting_a_row_shows_its_detail() -> None:
     async def scenario(app: AdvisorApp, pilot) -> None:
         screen = app.screen

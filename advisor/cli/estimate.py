@@ -15,7 +15,7 @@ from advisor.app.plan import advise, advisor_runs, plan
 from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
 from advisor.present.format import (describe_params, duration, fits_nowhere_message, gib, mfu_cell, money,
-                                    plan_duration, si, tight_fit_line)
+                                    plan_duration, si, throughput_cell, tight_fit_line)
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
@@ -144,7 +144,7 @@ def _row(rank: int | None, result: DeviceEstimate, spot_ranked: bool) -> list[st
     other = result.job_cost_usd() if spot_ranked else result.spot_saving_cost_usd()
     return [
         str(rank), result.id, memory, max_batch, duration(result.step_time_s),
-        f"{result.throughput:,.1f}" if result.throughput_tokens_per_s is None else f"{result.throughput_tokens_per_s:,.0f}",
+        throughput_cell(result.throughput, result.throughput_tokens_per_s),
         plan_duration(result.time_to_train_s), result.step.bound, where, money(result.job_cost_usd(spot_ranked)),
         money(other), buy, calibration, gpus_cell(result), mfu_cell(result.mfu),
     ]

@@ -41,6 +41,12 @@ def percent(fraction: float, digits: int = 1) -> str:
     return f"{100 * fraction:.{digits}f}%"
 
 
+def throughput_cell(samples_per_s: float, tokens_per_s: float | None) -> str:
+    """A device's throughput as the tables show it: tokens/s (whole) for a sequence model, else samples/s
+    to a tenth: (12.5, None) -> "12.5", (12.5, 25600.0) -> "25,600"."""
+    return f"{samples_per_s:,.1f}" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
+
+
 def mfu_cell(mfu: float | None) -> str:
     """Model FLOPs utilisation as a table shows it: 0.412 -> "41%", 0.0123 -> "1.2%", None -> "-"."""
     if mfu is None:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from advisor import __version__, units
-from advisor.present.format import describe_params, duration, mfu_cell, money, percent, plan_duration, si
+from advisor.present.format import (describe_params, duration, mfu_cell, money, percent, plan_duration, si,
+                                    throughput_cell)
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import input_bound, pipeline_line, supply_line
@@ -100,6 +101,8 @@ class Report:
     omitted_charts: tuple[str, ...]
     """One sentence for each chart left out because it would be empty."""
     devices: tuple[DeviceRow, ...]
+    throughput_unit: str
+    """What the devices' throughput counts: "tokens/s" for a sequence model, else "samples/s"."""
     offers: tuple[OfferRow, ...]
     sources: tuple[Source, ...]
     """The price sources the offers cite."""
@@ -149,6 +152,7 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
         charts=tuple(c for c in charts if isinstance(c, Chart)),
         omitted_charts=tuple(c for c in charts if isinstance(c, str)),
         devices=tuple(_device_row(i, r, settings.spot) for i, r in enumerate(_table_order(estimate), 1)),
+        throughput_unit="samples/s" if settings.seq_len is None else "tokens/s",
         offers=offers,
         sources=tuple(db.source(key) for key in sorted({o.source for o in offers})),
         assumptions=tuple(_assumptions(estimate)),
@@ -298,7 +302,8 @@ def _device_row(rank: int, result: DeviceEstimate, spot: bool) -> DeviceRow:
     offer = result.cheapest(spot)  # the instance's name is in the cloud offers table
     cloud = result.no_offer_reason() if offer is None else f"{offer.provider} {offer.rate(spot):.2f}/h"
     return DeviceRow(str(rank), result.id, result.target.name, memory, max_batch, duration(result.step_time_s),
-                     f"{result.throughput:,.1f}", plan_duration(result.time_to_train_s), result.step.bound, cloud,
+                     throughput_cell(result.throughput, result.throughput_tokens_per_s),
+                     plan_duration(result.time_to_train_s), result.step.bound, cloud,
                      money(result.job_cost_usd()), money(result.spot_saving_cost_usd()), buy,
                      result.target.calibration, True, gpus_cell(result), mfu_cell(result.mfu))
 

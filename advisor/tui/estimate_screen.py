@@ -30,7 +30,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from advisor import units
 from advisor.present.ranking import SORT_KEYS, sort_results
-from advisor.present.format import duration, mfu_cell, money, plan_duration
+from advisor.present.format import duration, mfu_cell, money, plan_duration, throughput_cell
 from advisor.present.pipeline import input_bound
 from advisor.errors import UserError
 from advisor.estimate.plan import DeviceEstimate, Estimate
@@ -434,6 +434,8 @@ class EstimateScreen(Screen):
         table.clear(columns=True)
         for index in shown:
             key, label, _, _ = COLUMNS[index]
+            if key == "throughput" and estimate.settings.seq_len is not None:
+                label = "Tokens/s"  # a sequence model's throughput, as the command line's table gives it
             table.add_column(label, key=key)
         for device_id, cells in rows:
             table.add_row(*(cells[i] for i in shown), key=device_id)
@@ -584,6 +586,7 @@ def _cells(rank: int, result: DeviceEstimate, spot: bool) -> list[object]:
         short = Text(f"✗ {result.memory.missing_bytes / units.GIB:.1f} GiB short", style="red")
         return ["", Text(result.id, style="dim red"), Text(memory, style="red"), short, "", "", "", "", "", buy,
                 gpus_cell(result)]
-    return [str(rank), result.id, memory, duration(result.step_time_s), f"{result.throughput:,.1f}",
+    return [str(rank), result.id, memory, duration(result.step_time_s),
+            throughput_cell(result.throughput, result.throughput_tokens_per_s),
             mfu_cell(result.mfu), plan_duration(result.time_to_train_s), result.step.bound,
             money(result.job_cost_usd(spot)), buy, gpus_cell(result)]
