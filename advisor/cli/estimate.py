@@ -15,7 +15,8 @@ from advisor.app.plan import advise, advisor_runs, plan
 from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
 from advisor.present.format import (describe_params, duration, fits_nowhere_message, gib, mfu_cell, money,
-                                    plan_duration, si, throughput_cell, tight_fit_line)
+                                    plan_duration, si, throughput_cell, throughput_header,
+                                    tight_fit_line)
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, parallel_line, scale_out_line
@@ -118,7 +119,7 @@ def columns(spot: bool, tokens: bool = False) -> list[Column]:
     their places."""
     return [
         Column("#", True), Column("Device"), Column("Peak/Mem GiB", True), Column("Max bs", True, drop_order=2),
-        Column("Step", True, drop_order=8), Column("Tokens/s" if tokens else "Samples/s", True, drop_order=5),
+        Column("Step", True, drop_order=8), Column(throughput_header(tokens), True, drop_order=5),
         Column("Train", True),
         Column("Bound", drop_order=7), Column("Cheapest cloud", drop_order=9), Column("Job $", True),
         Column("On-demand $" if spot else "Spot $", True, drop_order=3), Column("Buy $", True, drop_order=6),

@@ -705,20 +705,18 @@ class _Clock:
             kinds = facts.kinds[index]
             cached, cached_after = hits[index] if hits else (None, None)
             if copies == 1:
-                self.run(records, cached, kinds)
+                self.run(records, kinds, cached)
             else:
-                self.run_copies(records, copies, cached, cached_after, kinds)
+                self.run_copies(records, kinds, copies, cached, cached_after)
         return found
 
-    def run(self, records: Sequence[OpRecord], cached: Sequence[int] | None = None,
-            kinds: Sequence[int] | None = None) -> None:
-        """Run `records` in order; `cached`: the bytes of each one's traffic L2 serves (cached_reads); `kinds`:
-        each one's kind (ChunkFacts.kinds), where the caller has them."""
+    def run(self, records: Sequence[OpRecord], kinds: Sequence[int], cached: Sequence[int] | None) -> None:
+        """Run `records` in order; `kinds`: each one's kind (ChunkFacts.kinds); `cached`: the bytes of each one's
+        traffic L2 serves (cached_reads), None where none is."""
         queued, by_bound, ops = self.queued, self.by_bound, self.ops
         for index, record in enumerate(records):
             hit = cached[index] if cached else 0
-            # what a kernel's time depends on: the record but its module
-            key = (record.anonymous() if kinds is None else kinds[index], hit)
+            key = (kinds[index], hit)  # what a kernel's time depends on: the record but its module
             timed = self.kernels.get(key)
             if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
                 timed = self.kernels[key] = (*self.timer.kernel(record, hit),
@@ -745,8 +743,8 @@ class _Clock:
                               record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound,
                               layout))
 
-    def run_copies(self, records: Sequence[OpRecord], copies: int, cached: Sequence[int] | None = None,
-                   cached_after: Sequence[int] | None = None, kinds: Sequence[int] | None = None) -> None:
+    def run_copies(self, records: Sequence[OpRecord], kinds: Sequence[int], copies: int,
+                   cached: Sequence[int] | None, cached_after: Sequence[int] | None) -> None:
         """`copies` runs of `records` in a row. Once a copy leaves the clocks as it found them (the device
         as far behind the host, or further behind with no wait in the copy: the next copy then runs the
         same), the rest are that copy again: its ops stand for them (OpTime.calls) and the clocks and
@@ -756,7 +754,7 @@ class _Clock:
         done = 0
         while done < copies:
             host, device, by_bound, first = self.host, self.device, dict(self.by_bound), len(self.ops)
-            self.run(records, cached if done == 0 else cached_after, kinds)
+            self.run(records, kinds, cached if done == 0 else cached_after)
             done += 1
             left = copies - done
             if not left or not self._steady(device - host, first) or (done == 1 and cached != cached_after):

@@ -47,6 +47,16 @@ def throughput_cell(samples_per_s: float, tokens_per_s: float | None) -> str:
     return f"{samples_per_s:,.1f}" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
 
 
+def throughput_header(sequence_model: bool) -> str:
+    """The throughput column's header: "Tokens/s" for a sequence model, else "Samples/s"."""
+    return "Tokens/s" if sequence_model else "Samples/s"
+
+
+def speed(samples_per_s: float, tokens_per_s: float | None, sample_unit: str) -> str:
+    """Throughput with its unit: "913 tokens/s" for a sequence model, else "12.5 images/s"."""
+    return f"{throughput_cell(samples_per_s, tokens_per_s)} {sample_unit if tokens_per_s is None else 'tokens'}/s"
+
+
 def mfu_cell(mfu: float | None) -> str:
     """Model FLOPs utilisation as a table shows it: 0.412 -> "41%", 0.0123 -> "1.2%", None -> "-"."""
     if mfu is None:

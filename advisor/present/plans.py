@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from advisor.present.format import gib, money, plan_duration
+from advisor.present.format import gib, money, plan_duration, speed
 
 if TYPE_CHECKING:
     from advisor.app.fit import FitPlan
@@ -29,15 +29,13 @@ def plan_outcome(estimate: Estimate, plan: FitPlan) -> str:
     """"a10g, 19.9 GiB of 24.0, 913 tokens/s, 3.0 h, 3.06 USD": where the plan fits and what it gives (with
     several GPUs "h100-sxm x 8 (fsdp), 56.1 GiB of 80.0" per GPU, throughput and cost the whole job's)."""
     result = plan.result
-    tokens = result.throughput_tokens_per_s
-    speed = f"{tokens:,.0f} tokens/s" if tokens is not None else \
-        f"{result.throughput:,.1f} {estimate.model.sample_unit}/s"
     cost = plan.cost_usd
     money_part = f", {money(cost)} USD{' spot' if plan.spot else ''}" if cost is not None else ""
     trained = " [changes what is trained]" if plan.changes_what_is_trained else ""
     several = "" if result.scaling is None else f" x {result.num_gpus} ({result.scaling.layout.name})"
     return (f"{result.id}{several}, {gib(result.memory.peak_bytes)} GiB of {gib(result.memory.capacity_bytes)}, "
-            f"{speed}, {plan_duration(result.time_to_train_s)}{money_part}{trained}")
+            f"{speed(result.throughput, result.throughput_tokens_per_s, estimate.model.sample_unit)}, "
+            f"{plan_duration(result.time_to_train_s)}{money_part}{trained}")
 
 
 def plan_lines(estimate: Estimate, plans: Sequence[FitPlan]) -> list[str]:

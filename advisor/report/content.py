@@ -17,7 +17,7 @@ import yaml
 
 from advisor import __version__, units
 from advisor.present.format import (describe_params, duration, mfu_cell, money, percent, plan_duration, si,
-                                    throughput_cell)
+                                    throughput_cell, throughput_header)
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import input_bound, pipeline_line, supply_line
@@ -152,7 +152,7 @@ def build_report(estimate: Estimate, db: HardwareDB, budget_usd: float | None = 
         charts=tuple(c for c in charts if isinstance(c, Chart)),
         omitted_charts=tuple(c for c in charts if isinstance(c, str)),
         devices=tuple(_device_row(i, r, settings.spot) for i, r in enumerate(_table_order(estimate), 1)),
-        throughput_unit="samples/s" if settings.seq_len is None else "tokens/s",
+        throughput_unit=throughput_header(settings.seq_len is not None).lower(),
         offers=offers,
         sources=tuple(db.source(key) for key in sorted({o.source for o in offers})),
         assumptions=tuple(_assumptions(estimate)),

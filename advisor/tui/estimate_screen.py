@@ -30,7 +30,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from advisor import units
 from advisor.present.ranking import SORT_KEYS, sort_results
-from advisor.present.format import duration, mfu_cell, money, plan_duration, throughput_cell
+from advisor.present.format import duration, mfu_cell, money, plan_duration, throughput_cell, throughput_header
 from advisor.present.pipeline import input_bound
 from advisor.errors import UserError
 from advisor.estimate.plan import DeviceEstimate, Estimate
@@ -434,8 +434,8 @@ class EstimateScreen(Screen):
         table.clear(columns=True)
         for index in shown:
             key, label, _, _ = COLUMNS[index]
-            if key == "throughput" and estimate.settings.seq_len is not None:
-                label = "Tokens/s"  # a sequence model's throughput, as the command line's table gives it
+            if key == "throughput":  # tokens/s for a sequence model, as the command line's table gives it
+                label = throughput_header(estimate.settings.seq_len is not None)
             table.add_column(label, key=key)
         for device_id, cells in rows:
             table.add_row(*(cells[i] for i in shown), key=device_id)
