@@ -252,3 +252,5 @@ def test_a_sequence_models_devices_give_tokens_per_second(tmp_path: Path, capsys
     tokens = json.loads(capsys.readouterr().out)["results"][0]["throughput_tokens_per_s"]
     row = next(line for line in markdown.splitlines() if line.startswith("| 1 | h100-sxm |"))
     assert f"| {tokens:,.0f} |" in row
+    fastest = next(line for line in markdown.splitlines() if line.startswith("| **Fastest** |"))
+    assert f"({tokens:,.0f} tokens/s, " in fastest and "samples/s" not in fastest  # as the CLI's summary

@@ -270,6 +270,13 @@ def test_a_sequence_models_table_gives_tokens_per_second() -> None:
             shown = {key.value: str(value) for key, value in zip(table.rows, table.get_column("throughput"))}
             assert expected and {device: shown[device] for device in expected} == expected
             assert all(r.throughput_tokens_per_s is not None for r in app.screen.estimate.fitting)
+            table.focus()
+            await pilot.press("enter")
+            await pilot.pause()
+            first = app.screen.estimate.by_time()[0]
+            detail = str(app.screen.query_one("#detail-time", Static).render())
+            # the detail line's speed as the table's cell: tokens/s, not the samples/s it gave before
+            assert f"· {expected[first.id]} tokens/s" in detail and "samples/s" not in detail
 
     asyncio.run(started())
 

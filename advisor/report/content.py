@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from advisor import __version__, units
-from advisor.present.format import (describe_params, duration, mfu_cell, money, percent, plan_duration, si,
+from advisor.present.format import (describe_params, duration, mfu_cell, money, percent, plan_duration, si, speed,
                                     throughput_cell, throughput_header)
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import gpus_cell, instance_label, parallel_line, scale_out_line
@@ -177,8 +177,9 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
     if by_time:
         best = by_time[0]
         runner_up = f"; next: {by_time[1].id} at {plan_duration(by_time[1].time_to_train_s)}" if len(by_time) > 1 else ""
+        rate = speed(best.throughput, best.throughput_tokens_per_s, unit)
         found.append(Recommendation("Fastest", best.id, f"trains in {plan_duration(best.time_to_train_s)} "
-                                    f"({best.throughput:,.1f} {unit}/s, {best.step.bound}-bound"
+                                    f"({rate}, {best.step.bound}-bound"
                                     f"{'' if best.mfu is None else f', {mfu_cell(best.mfu)} MFU'}){runner_up}"))
     if by_cost:
         best = by_cost[0]
@@ -195,7 +196,8 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         pays = (f"; pays off against renting after {owning.break_even_hours:,.0f} h of training"
                 if owning.break_even_hours is not None else "")
         found.append(Recommendation("Best value to buy", value.id,
-                                    f"{money(owning.purchase_usd)} USD for {value.throughput:,.1f} {unit}/s, "
+                                    f"{money(owning.purchase_usd)} USD for "
+                                    f"{speed(value.throughput, value.throughput_tokens_per_s, unit)}, "
                                     f"the lowest price per throughput{pays}"))
     if budget_usd is not None:
         best = estimate.fastest_within_budget(budget_usd)
@@ -207,7 +209,8 @@ def recommendations(estimate: Estimate, budget_usd: float | None, deadline_s: fl
         best = estimate.fastest_to_buy_within(max_price_usd)
         title = f"Fastest card within {money(max_price_usd)} USD"
         found.append(Recommendation(title, best.id, f"{money(best.owning.purchase_usd)} USD for "
-                                    f"{best.throughput:,.1f} {unit}/s, trains in {plan_duration(best.time_to_train_s)}")
+                                    f"{speed(best.throughput, best.throughput_tokens_per_s, unit)}, "
+                                    f"trains in {plan_duration(best.time_to_train_s)}")
                      if best is not None and best.owning is not None
                      else Recommendation(title, "no device", "no card the model fits on costs that little"))
     if deadline_s is not None:

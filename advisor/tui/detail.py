@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from advisor.present.format import duration, mfu_cell, money, percent, plan_duration, tight_fit_line
+from advisor.present.format import duration, mfu_cell, money, percent, plan_duration, speed, tight_fit_line
 from advisor.present.layout import channels_last_advice
 from advisor.present.parallel import alternatives_line, instance_label, parallel_line, scale_out_line
 from advisor.present.pipeline import describe_supply
@@ -51,7 +51,8 @@ class DeviceDetail(VerticalScroll):
         if result.fits:
             parts = ", ".join(f"{bound} {percent(seconds / step.step_s)}" for bound, seconds in step.by_bound.items())
             mfu = "" if result.mfu is None else f" ({mfu_cell(result.mfu)} MFU)"
-            line = (f"Step {duration(step.step_s)} ({step.bound}-bound: {parts}) · {result.throughput:,.1f} {unit}/s"
+            rate = speed(result.throughput, result.throughput_tokens_per_s, unit)
+            line = (f"Step {duration(step.step_s)} ({step.bound}-bound: {parts}) · {rate}"
                     f"{mfu} · {result.steps:,} steps: {plan_duration(result.time_to_train_s)}")
         else:
             line = "Does not fit: no time or cost (see the memory bar)."
