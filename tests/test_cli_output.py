@@ -158,3 +158,16 @@ def test_sort_by_mfu_puts_the_highest_first(capsys: pytest.CaptureFixture[str]) 
     assert code == 0
     shown = [float(row[-1].rstrip("%")) for row in list(csv.reader(io.StringIO(out)))[1:] if row[-1]]
     assert len(shown) == 4 and shown == sorted(shown, reverse=True)
+
+
+def test_a_sequence_models_summary_gives_tokens_per_second(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every speed the summary gives for a sequence model is in tokens/s, as its table's column."""
+    code, out, _ = run(capsys, "estimate", "gpt2_small", "--gpu", "rtx-4090", "--batch-size", "2",
+                       "--max-price-usd", "5000")
+    assert code == 0
+    code, js, _ = run(capsys, "estimate", "gpt2_small", "--gpu", "rtx-4090", "--batch-size", "2", "--json")
+    tokens = json.loads(js)["results"][0]["throughput_tokens_per_s"]
+    best_value = next(line for line in out.splitlines() if line.startswith("Best value to buy:"))
+    within = next(line for line in out.splitlines() if line.startswith("Fastest card within"))
+    for line in (best_value, within):  # "... 1,599 USD for 25,600 tokens/s" (samples/s x 1,024 tokens)
+        assert f"USD for {tokens:,.0f} tokens/s" in line and "sequences/s" not in line, line

@@ -181,6 +181,32 @@ def test_grouped_gemms_of_mixture_of_experts_by_hand() -> None:
     assert cost.gemm == (2, 4, 32, 16)  # 2 groups of 8 / 2 = 4 rows on average
 
 
+class _TwoExperts(torch.nn.Module):
+    """A mixture-of-experts layer as transformers runs it: every token through its expert by aten._grouped_mm."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.experts = torch.nn.Parameter(torch.randn(2, 16, 32, dtype=dtype))  # 2 experts 16 -> 32
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        offsets = torch.tensor([3, 8], dtype=torch.int32)  # expert 0 takes tokens 0-2, expert 1 tokens 3-7
+        return torch._grouped_mm(tokens.to(self.experts.dtype), self.experts, offs=offsets)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])
+def test_grouped_gemms_of_experts_in_fp32_trace_as_they_run(precision: str) -> None:
+    """torch's meta kernel of _grouped_mm refuses fp32 operands (bf16 only on 2.13, bf16 and fp16 on 2.14) where
+    its CPU and CUDA kernels run them: transformers' MoE layers call it in fp32 under fp32 and amp training."""
+    trace = trace_training_step(lambda: _TwoExperts(torch.float32), lambda b: torch.randn(b, 16), 8, precision, "sgd",
+                                lambda out, _: out.float().square().mean())  # a dense gradient
+    grouped = [r for r in trace.records if r.op == "_grouped_mm"]
+    # forward 2 * 8 * 32 * 16 = 8,192 FLOPs; backward: the experts' gradient (16 x 8 by 8 x 32, summed over each
+    # expert's tokens) 2 * 16 * 32 * 8 = 8,192; the input tokens need none
+    assert [r.flops for r in grouped] == [8192, 8192]
+    dtype = "bfloat16" if precision == "bf16" else "float32"  # amp: transformers casts to the weights' fp32
+    assert all(r.dtypes[0] == dtype for r in grouped), [r.dtypes for r in grouped]
+
+
 def test_segmentation_and_mobile_ops_are_counted() -> None:
     def build() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Hardswish(), torch.nn.Upsample(scale_factor=2,

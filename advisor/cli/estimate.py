@@ -15,7 +15,7 @@ from advisor.app.plan import advise, advisor_runs, plan
 from advisor.app.request import PlanRequest
 from advisor.cli.arguments import add_estimate_arguments, examples, note, progress, request_from_arguments
 from advisor.present.format import (describe_params, duration, fits_nowhere_message, gib, mfu_cell, money,
-                                    plan_duration, si, throughput_cell, throughput_header,
+                                    plan_duration, si, speed, throughput_cell, throughput_header,
                                     tight_fit_line)
 from advisor.cli.table import FORMATS, Column, output_width, render_csv, render_markdown, render_table
 from advisor.present.layout import channels_last_advice
@@ -272,8 +272,9 @@ def goal_lines(estimate: Estimate, request: PlanRequest) -> list[str]:
     if request.max_price_usd is not None:
         best = estimate.fastest_to_buy_within(request.max_price_usd)
         lines.append(f"Fastest card within {money(request.max_price_usd)} USD: " + (
-            f"{best.id}, {money(best.owning.purchase_usd)} USD for {best.throughput:,.1f} "
-            f"{estimate.model.sample_unit}/s" if best and best.owning else "no card the model fits on costs that little"))
+            f"{best.id}, {money(best.owning.purchase_usd)} USD for "
+            f"{speed(best.throughput, best.throughput_tokens_per_s, estimate.model.sample_unit)}"
+            if best and best.owning else "no card the model fits on costs that little"))
     return lines
 
 
@@ -297,9 +298,9 @@ def _summary(estimate: Estimate) -> list[str]:
     by_time, by_cost, pareto = estimate.by_time(), estimate.by_cost(), estimate.pareto()
     if by_time:
         best = by_time[0]
-        speed = "" if best.throughput_tokens_per_s is None else f"{best.throughput_tokens_per_s:,.0f} tokens/s, "
+        rate = "" if best.throughput_tokens_per_s is None else f"{best.throughput_tokens_per_s:,.0f} tokens/s, "
         mfu = "" if best.mfu is None else f", {best.mfu:.0%} MFU"
-        lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({speed}{best.step.bound}-bound{mfu})")
+        lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({rate}{best.step.bound}-bound{mfu})")
         advice = channels_last_advice(estimate, best)
         if advice:
             lines.append(f"Tip: on {best.id}, channels-last tensors {advice}")
@@ -317,8 +318,8 @@ def _summary(estimate: Estimate) -> list[str]:
     if best is not None:
         owning = best.owning
         assert owning is not None
-        line = (f"Best value to buy: {best.id}, {money(owning.purchase_usd)} USD for {best.throughput:,.1f} "
-                f"{estimate.model.sample_unit}/s")
+        line = (f"Best value to buy: {best.id}, {money(owning.purchase_usd)} USD for "
+                f"{speed(best.throughput, best.throughput_tokens_per_s, estimate.model.sample_unit)}")
         if owning.break_even_hours is not None:
             line += (f"; pays off against renting it after {owning.break_even_hours:,.0f} h of training "
                      f"({owning.break_even_jobs:,.1f} such jobs)")

@@ -34,6 +34,7 @@ from advisor.errors import UserError
 from advisor.profile.costs import op_cost
 from advisor.profile.real_run import REAL_RUN_MEMORY_SHARE, gib, real_run_budget_bytes
 from advisor.profile.trace import build_on_meta_weights, call_model, fake_tensor_log_silenced
+from advisor.profile.torch_patches import grouped_mm_in_any_float
 from advisor.profile.user_code import UserCodeError, user_code
 
 FVCORE_MAC_HANDLES = ("aten::addmm", "aten::bmm", "aten::_convolution", "aten::einsum", "aten::matmul", "aten::mm",
@@ -272,7 +273,7 @@ def _analyse(model: torch.nn.Module, inputs: Any, device: str, source: str | Non
     analysis.set_op_handle(**handles)
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     with user_code("the model's forward (fvcore trace)", source), warnings.catch_warnings(), \
-            fake_tensor_log_silenced():
+            fake_tensor_log_silenced(), grouped_mm_in_any_float():
         warnings.simplefilter("ignore")
         with contextlib.redirect_stdout(io.StringIO()):
             by_module_raw = analysis.by_module()

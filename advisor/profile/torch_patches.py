@@ -9,6 +9,7 @@ this package assigns an attribute of torch; tests/test_layers.py checks no other
 | `fake_tensor_conversions` | `torch.utils.swap_tensors` | `Module._apply` (`.half()`, `.to(...)`) swaps each parameter with its converted twin, which fails on the weak reference fake mode keeps to every fake tensor: for fake tensors the parameter's data is set instead, what `_apply` does for real ones | 2.13, 2.15 |
 | `registration_hooks` | `torch.nn.Module.register_parameter`, `register_buffer` | build.weights_on_meta moves each parameter and buffer to the meta device as it is registered (accelerate's `init_empty_weights` does the same) | 2.13, 2.15 |
 | `unpacked_fake_sequences` | `transformers.masking_utils.find_packed_sequence_indices` (only where transformers is already imported) | transformers cannot read fake position ids, so it assumes packed sequences and builds an explicit s x s causal mask; a real step's position ids (the model's own `arange`) pack nothing, its mask is skipped and attention runs causal (`is_causal=True`: half the FLOPs, flash kernels) | transformers 5.24 |
+| `grouped_mm_in_any_float` | `torch._meta_registrations._meta_grouped_mm_common` (where torch has it) | the meta kernel of `aten._grouped_mm` (what fake and meta tensors run) accepts bf16 only (2.13) or bf16 and fp16 (2.14), where the CPU kernel and CUDA's fallback for SM80+ run fp32 and fp16 too (pytorch PRs 161717, 162059): transformers' mixture-of-experts layers call it with fp32 operands in fp32 and amp training (Qwen3-MoE, Mixtral, Jamba); their output is sized as bf16's and given the operands' dtype | 2.13, 2.14, 2.15 |
 
 Private torch modules the tracer imports (torch.utils._python_dispatch, torch._subclasses.fake_tensor,
 torch.utils._pytree) are used as torch's own FlopCounterMode uses them, not patched.
@@ -79,6 +80,43 @@ def registration_hooks(after_parameter: Callable[[torch.nn.Module, str], None],
     with ExitStack() as stack:
         stack.enter_context(replaced(torch.nn.Module, "register_parameter", parameter_then_hook))
         stack.enter_context(replaced(torch.nn.Module, "register_buffer", buffer_then_hook))
+        yield
+
+
+FLOAT_GROUPED_MM = (torch.float32, torch.float16)
+"""Operand dtypes of an unscaled aten._grouped_mm that torch's real kernels run and its meta kernel may refuse."""
+
+
+@contextmanager
+def grouped_mm_in_any_float() -> Iterator[None]:
+    """Within the block, an unscaled `aten._grouped_mm` of fp32 or fp16 operands runs on fake and meta tensors
+    as the real kernels run it: the meta kernel checks bf16 operands of the same shapes and strides, and the
+    output is made as torch makes it, in the operands' dtype (or `out_dtype`). Nothing is replaced where torch
+    has no such kernel."""
+    import torch._meta_registrations as meta_registrations
+
+    original = getattr(meta_registrations, "_meta_grouped_mm_common", None)
+    if original is None:
+        yield
+        return
+
+    def in_any_float(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: Any, scale_b: Any, *args: Any,
+                     **kwargs: Any) -> Any:
+        if scale_a is not None or scale_b is not None or mat_a.dtype not in FLOAT_GROUPED_MM \
+                or mat_b.dtype != mat_a.dtype:
+            return original(mat_a, mat_b, scale_a, scale_b, *args, **kwargs)
+        names = ("offs", "bias", "scale_result", "out_dtype", "use_fast_accum")
+        given = {**dict(zip(names, args)), **kwargs}
+        out_dtype = given.pop("out_dtype", None) or mat_a.dtype
+        bias = given.pop("bias", None)
+        a, b = (torch.empty_strided(m.shape, m.stride(), dtype=torch.bfloat16, device=m.device) for m in (mat_a, mat_b))
+        sized = original(a, b, None, None, **given, bias=None if bias is None else bias.to(torch.bfloat16))
+        output = getattr(meta_registrations, "_create_grouped_mm_output_tensor", None)  # its rows 16-byte aligned
+        if output is not None:
+            return output(mat_a, mat_b, given.get("offs"), out_dtype)
+        return torch.empty_strided(sized.shape, sized.stride(), dtype=out_dtype, device=sized.device)
+
+    with replaced(meta_registrations, "_meta_grouped_mm_common", in_any_float):
         yield
 
 

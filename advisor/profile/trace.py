@@ -71,7 +71,7 @@ from advisor.profile.repeated import (
 )
 from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
 from advisor.profile.shapes import SHAPE_KERNELS
-from advisor.profile.torch_patches import fake_tensor_conversions, unpacked_fake_sequences
+from advisor.profile.torch_patches import fake_tensor_conversions, grouped_mm_in_any_float, unpacked_fake_sequences
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
 from advisor.profile.watch import TraceWatch
 
@@ -959,7 +959,7 @@ def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None
         memory.module_source = recorder.module
         recorder.shortcut_optimizer = setup.optimizer != FILE_OPTIMIZER and not real
         recorder.first_step_aliases = setup.optimizer in FIRST_STEP_ALIASES and not real
-        with tracker, memory.run_by_caller(), recorder, unpacked_fake_sequences():
+        with tracker, memory.run_by_caller(), recorder, unpacked_fake_sequences(), grouped_mm_in_any_float():
             recorder.runs_memory = True
             recorder.phase = "optimizer"
             with _optimizer_code(setup, "the optimizer's first step"), nullcontext() if real else FiniteActivations():
