@@ -99,3 +99,29 @@ def test_activations_that_outgrow_the_budget_stop_the_real_step(monkeypatch: pyt
         trace_training_step(KeepsPositiveRows, rows, 1024)
     # at batch 8 the whole step stays far under it
     assert trace_training_step(KeepsPositiveRows, rows, 8).values == "real"
+
+
+class MatchedByNumPy(nn.Module):
+    """A set-prediction loss in miniature (DETR's and Mask2Former's Hungarian matcher): the predictions' costs go
+    to NumPy (scipy's linear_sum_assignment there) to choose which prediction each target is compared with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+def matched_loss(out: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    best = int(out.detach().sum(0).numpy().argmax())  # the prediction column the target is matched to
+    return out[:, best].square().mean()
+
+
+def test_a_loss_that_hands_predictions_to_numpy_runs_for_real() -> None:
+    """A fake tensor has no values for NumPy: the step runs for real rather than failing as the model's error."""
+    trace = trace_training_step(MatchedByNumPy, rows, 16, loss_fn=matched_loss)
+    assert trace.values == "real"
+    (head,) = [r for r in trace.records if r.phase == "forward" and r.op == "addmm"]
+    assert head.flops == 2 * 16 * 4 * 8  # addmm 16x8 @ 8x4: 2*16*4*8 = 1,024 FLOPs
+    assert trace.params == 36  # Linear(8, 4): 32 + 4

@@ -800,14 +800,31 @@ def trace_training_step(
             return _trace_with_either_inputs(replace(setup, construction="meta"))
 
 
+NUMPY_OF_A_FAKE_TENSOR = ".numpy() is not supported for tensor subclasses"
+"""What torch raises when a model hands a fake tensor to NumPy (`.numpy()`, `np.asarray`): a loss that
+matches predictions to targets with scipy (DETR's and Mask2Former's Hungarian matcher) reads their values."""
+
+
+def _reads_values_in_numpy(exc: Exception) -> bool:
+    """Whether the model file failed because it handed a fake tensor to NumPy: torch's error as raised (in a
+    frame of this package's torch-function modes) or as the user's code's (UserCodeError, caused by it)."""
+    error = exc.__cause__ if isinstance(exc, UserCodeError) else exc
+    return isinstance(error, RuntimeError) and NUMPY_OF_A_FAKE_TENSOR in str(error)
+
+
 def _trace_with_either_inputs(setup: _Setup) -> StepTrace:
     """The step on fake inputs, or, when the model reads their values, on real ones; when it reads values
-    computed from its weights, the step run for real (real_run.py)."""
+    computed from its weights, or hands a tensor to NumPy (which real inputs beside fake weights would not
+    serve), the step run for real (real_run.py)."""
     try:
         with fake_tensor_log_silenced():
             return _trace_deduplicated(setup, "fake")
     except DATA_DEPENDENT_ERRORS:
         pass
+    except (UserCodeError, RuntimeError) as exc:
+        if not _reads_values_in_numpy(exc):
+            raise
+        return _trace_for_real(setup, "reads tensor values in NumPy (.numpy())")
     try:
         with fake_tensor_log_silenced():
             return _trace_deduplicated(setup, "fake+real-inputs")
