@@ -207,6 +207,37 @@ def test_grouped_gemms_of_experts_in_fp32_trace_as_they_run(precision: str) -> N
     assert all(r.dtypes[0] == dtype for r in grouped), [r.dtypes for r in grouped]
 
 
+def test_warps_bicubic_upsampling_and_index_sums_are_counted_by_hand() -> None:
+    """Ops off-the-shelf models use that had no formula (RAFT's grid_sample, bicubic resizing, index_add,
+    log-sigmoid, 3-D max pooling, masked_scatter, polar): every one counted."""
+
+    class Warps(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv3d(2, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            image = torch.nn.functional.max_pool3d(self.conv(x), 2).flatten(1, 2)  # (b, 8, 4, 4)
+            grid = torch.zeros(image.shape[0], 4, 4, 2)
+            sampled = torch.nn.functional.grid_sample(image, grid, align_corners=False)  # (b, 8, 4, 4)
+            up = torch.nn.functional.interpolate(sampled, scale_factor=2, mode="bicubic")  # (b, 8, 8, 8)
+            soft = torch.nn.functional.logsigmoid(up)
+            summed = torch.zeros(1, 8, 8, 8).index_add(0, torch.zeros(soft.shape[0], dtype=torch.long), soft)
+            chosen = torch.zeros_like(soft).masked_scatter(soft > -1, soft)
+            return summed.sum() + chosen.sum() + torch.polar(soft.abs(), soft).real.sum()
+
+    trace = trace_training_step(Warps, lambda b: torch.randn(b, 2, 4, 8, 8), 2, "fp32", "sgd", lambda out, _: out)
+    assert trace.uncounted() == {}
+    flops = {(r.op, r.phase): r.flops for r in trace.records}
+    # grid_sample bilinear: 8 per sampled element, 2 x 8 x 4 x 4 = 256 of them: 2,048 (backward: per gradient element)
+    assert flops["grid_sampler_2d", "forward"] == flops["grid_sampler_2d_backward", "backward"] == 2048
+    # bicubic: 32 per output element, 2 x 8 x 8 x 8 = 1,024: 32,768
+    assert flops["upsample_bicubic2d", "forward"] == flops["upsample_bicubic2d_backward", "backward"] == 32768
+    # index_add: one addition per source element (1,024); log-sigmoid and polar: one per element
+    assert flops["index_add", "forward"] == flops["log_sigmoid_forward", "forward"] == flops["polar", "forward"] == 1024
+    assert flops["max_pool3d_with_indices", "forward"] == 0  # data movement, counted by its bytes
+
+
 def test_segmentation_and_mobile_ops_are_counted() -> None:
     def build() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Hardswish(), torch.nn.Upsample(scale_factor=2,

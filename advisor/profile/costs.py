@@ -600,11 +600,12 @@ parameter, both codes and both absmax."""
 @register(*_ops("hardswish", "hardswish_", "hardswish_backward", "hardsigmoid_backward", "upsample_nearest2d",
                 "upsample_nearest2d_backward", "nll_loss2d_forward", "nll_loss2d_backward", "smooth_l1_loss",
                 "smooth_l1_loss_backward", "binary_cross_entropy_with_logits", "_weight_norm_interface",
-                "_weight_norm_interface_backward"))
+                "_weight_norm_interface_backward", "log_sigmoid_forward", "log_sigmoid_backward", "polar"))
 def per_element_flops(args: tuple, named: dict, out: Any) -> float:
     """MobileNetV3's hard activations and their gradients, nearest-neighbour upsampling (a copy), the
     2-D NLL, smooth-L1 and logits-BCE losses (detection heads), weight normalisation (Wav2Vec2's
-    positional convolution): one FLOP per element of the largest tensor they write or take first (a loss: its
+    positional convolution), log-sigmoid (preference losses) and polar (rotary embeddings in complex form):
+    one FLOP per element of the largest tensor they write or take first (a loss: its
     per-pixel input, args[0])."""
     sizes = [t.numel() for t in (*tree_flatten(out)[0], args[0]) if isinstance(t, torch.Tensor)]
     return float(max(sizes, default=0))
@@ -618,6 +619,35 @@ gradient element spread over four)."""
 @register(*_ops("upsample_bilinear2d", "upsample_bilinear2d_backward"))
 def bilinear_flops(args: tuple, named: dict, out: Any) -> float:
     return BILINEAR_FLOPS_PER_ELEMENT * per_element_flops(args, named, out)
+
+
+BICUBIC_FLOPS_PER_ELEMENT = 32
+"""Bicubic interpolation per output element: sixteen neighbours weighted and summed (or, backward, one gradient
+element spread over sixteen)."""
+
+
+@register(*_ops("upsample_bicubic2d", "upsample_bicubic2d_backward"))
+def bicubic_flops(args: tuple, named: dict, out: Any) -> float:
+    return BICUBIC_FLOPS_PER_ELEMENT * per_element_flops(args, named, out)
+
+
+GRID_SAMPLE_FLOPS_PER_ELEMENT = {0: BILINEAR_FLOPS_PER_ELEMENT, 1: 1, 2: BICUBIC_FLOPS_PER_ELEMENT}
+"""grid_sample's interpolation modes (0 bilinear, 1 nearest, 2 bicubic) per sampled element."""
+
+
+@register(*_ops("grid_sampler_2d", "grid_sampler_2d_backward"))
+def grid_sample_flops(args: tuple, named: dict, out: Any) -> float:
+    """Spatial transformers' and optical flow's warps (RAFT): each sampled element (of the output, or of the
+    gradient a backward spreads back) interpolated from its neighbours in the input."""
+    sampled = args[0] if "grad_output" in named else _first_tensor(out)
+    return GRID_SAMPLE_FLOPS_PER_ELEMENT.get(named["interpolation_mode"], BILINEAR_FLOPS_PER_ELEMENT) * sampled.numel()
+
+
+@register(*_ops("index_add", "index_add_"))
+def index_add_flops(args: tuple, named: dict, out: Any) -> float:
+    """One addition per element of `source`, added into the rows `index` names (graph networks' message
+    sums, mixture-of-experts' combine)."""
+    return float(named["source"].numel())
 
 
 ROI_ALIGN_SAMPLES = 4
@@ -705,6 +735,8 @@ DATA_OPS = set(
         "repeat", "roll", "select_backward", "slice_backward", "where", "tril", "triu", "native_dropout", "native_dropout_backward", "bernoulli_",
         "_foreach_zero_", "rand", "randn", "rand_like", "randn_like", "nonzero", "index_fill", "index_fill_",
         "randperm", "masked_select", "diagonal_copy", "diagonal_backward", "uniform_", "normal_",
+        "scatter_", "masked_scatter", "masked_scatter_", "masked_scatter_backward", "max_pool3d_with_indices",
+        "max_pool3d_with_indices_backward", "avg_pool3d", "avg_pool3d_backward",
     )
 )
 """Ops that move data but do (next to) no arithmetic: counted with 0 FLOPs and their bytes."""
