@@ -125,3 +125,69 @@ def test_a_loss_that_hands_predictions_to_numpy_runs_for_real() -> None:
     (head,) = [r for r in trace.records if r.phase == "forward" and r.op == "addmm"]
     assert head.flops == 2 * 16 * 4 * 8  # addmm 16x8 @ 8x4: 2*16*4*8 = 1,024 FLOPs
     assert trace.params == 36  # Linear(8, 4): 32 + 4
+
+
+WIDE_HEAD_FILE = '''
+import torch
+from torch import nn
+
+
+class KeepsPositiveRows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(64, 1)
+        self.head = nn.Linear(64, 4096)
+
+    def forward(self, x):
+        keep = torch.where(self.score(x).squeeze(1) > -1e9)[0]  # every row, known only from the weights' values
+        return self.head(x[keep])
+
+
+def build_model():
+    return KeepsPositiveRows()
+
+
+def example_input(batch_size):
+    return torch.randn(batch_size, 64)
+'''
+
+
+def test_twice_the_batch_outgrowing_a_real_run_takes_the_memory_line_through_half_it(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory line against batch size needs a second step; where the model runs for real and twice the
+    batch outgrows this machine's share, half the batch gives the line, where the estimate used to fail."""
+    from advisor.memory.estimate import BatchMemoryModel, StepMemory
+    from advisor.memory.plan import MemorySettings, trace_both_batches
+    from advisor.profile.model_file import load_model_file
+
+    path = tmp_path / "wide_head.py"
+    path.write_text(WIDE_HEAD_FILE)
+    model = load_model_file(str(path))
+    traces = {b: trace_training_step(model.build_model, model.example_input, b) for b in (32, 64, 128)}
+    peaks = {b: trace.memory.peak().bytes for b, trace in traces.items()}
+    assert peaks[32] < peaks[64] < peaks[128]
+    # the real run may hold more than batch 64's step, less than batch 128's
+    monkeypatch.setattr(real_run, "real_run_budget_bytes", lambda: (peaks[64] + peaks[128]) // 2)
+    first, second = trace_both_batches(model, MemorySettings(64, "fp32", "adamw"), parallel=False)
+    assert (first.values, first.batch_size, second.batch_size) == ("real", 64, 32)
+    line = BatchMemoryModel(StepMemory.of_trace(first), StepMemory.of_trace(second))
+    # the line through batches 64 and 32 predicts batch 128's tensors within 1% (a dense head: linear in the batch)
+    predicted = max(a + b * 128 for a, b in line.lines().values())
+    assert abs(predicted - StepMemory.of_trace(traces[128]).tensor_peak) < 0.01 * predicted
+
+
+def test_a_batch_of_one_whose_second_step_outgrows_a_real_run_says_why(tmp_path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At batch 1 there is no half batch: the error says batch 1 runs and what the second step is for, not
+    'try a smaller --batch-size'."""
+    from advisor.memory.plan import MemorySettings, trace_both_batches
+    from advisor.profile.model_file import load_model_file
+
+    path = tmp_path / "wide_head.py"  # a sample of 256 rows: its activations outweigh the weights' share
+    path.write_text(WIDE_HEAD_FILE.replace("torch.randn(batch_size, 64)", "torch.randn(batch_size * 256, 64)"))
+    model = load_model_file(str(path))
+    peaks = {b: trace_training_step(model.build_model, model.example_input, b).memory.peak().bytes for b in (1, 2)}
+    monkeypatch.setattr(real_run, "real_run_budget_bytes", lambda: (peaks[1] + peaks[2]) // 2)
+    with pytest.raises(real_run.RealRunTooLarge, match="batch 1 runs for real on this CPU, but the memory line") as error:
+        trace_both_batches(model, MemorySettings(1, "fp32", "adamw"), parallel=False)
+    assert "smaller --batch-size" not in str(error.value)

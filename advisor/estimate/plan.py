@@ -790,7 +790,7 @@ def _estimate_traced(model: ModelFile, db: HardwareDB, targets: Sequence[Estimat
                if target.device.kind == "gpu" and not (settings.num_gpus is not None and settings.num_gpus > 1
                                                         and spreads(target))}  # each GPU's step alone
     second = pending.get()
-    assert second.batch_size == 2 * trace.batch_size == 2 * memory_settings.traced_batch
+    assert second.batch_size != trace.batch_size == memory_settings.traced_batch  # twice it, or half (trace_pair)
     batch_model = layouts.batch_model(ONE_GPU)
     assert batch_model is not None
     cpu_trace, cpu_batch_model, cpu_step = trace, batch_model, step

@@ -76,13 +76,15 @@ class StepMemory:
 class BatchMemoryModel:
     """Peak memory against batch size: each phase's tensor peak is a line through two traced
     batches and the step's peak the highest of them. The allocator's reserve grows in whole
-    segments, so it is taken as the tensors' peak times the reserve ratio of the larger trace."""
+    segments, so it is taken as the tensors' peak times the reserve ratio of the larger trace.
+    `first` is the step at the settings' batch; `second` at another (twice it, or half where a step run
+    for real at twice it outgrew this machine: memory.plan.trace_pair)."""
 
     first: StepMemory
     second: StepMemory
 
     def __post_init__(self) -> None:
-        assert self.first.batch_size < self.second.batch_size, "two different batch sizes, smaller first"
+        assert self.first.batch_size != self.second.batch_size, "two different batch sizes"
 
     def lines(self) -> dict[str, tuple[float, float]]:
         """Per phase: (intercept bytes, bytes per sample) of the tensors' peak."""
@@ -96,7 +98,8 @@ class BatchMemoryModel:
     @property
     def reserve_ratio(self) -> float:
         """The allocator's reserve over the tensors' peak, at the larger traced batch (>= 1)."""
-        return max(self.second.reserved / self.second.tensor_peak, 1.0)
+        larger = max(self.first, self.second, key=lambda step: step.batch_size)
+        return max(larger.reserved / larger.tensor_peak, 1.0)
 
     def reserved_at(self, batch_size: int) -> float:
         """Predicted allocator reserve (bytes) at `batch_size`."""

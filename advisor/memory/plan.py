@@ -16,6 +16,7 @@ from advisor.profile.choices import FILE_OPTIMIZER, precision_of
 from advisor.profile import trace_cache
 from advisor.profile.coverage import coverage_of, trace_summary
 from advisor.profile.model_file import ModelFile
+from advisor.profile.real_run import REAL_RUN_MEMORY_SHARE, RealRunTooLarge
 from advisor.profile.trace import Sibling, StepTrace, trace_training_step
 
 
@@ -229,7 +230,9 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
                progress: Callable[[str], None] = lambda message: None,
                parallel: bool = True, attention: str = "cuda", serve: bool = False) -> tuple[StepTrace, SecondTrace]:
     """The step traced at the settings' batch (or `trace`, reused) and at twice it, for the memory
-    line against batch size, with attention traced the `attention` way (trace_for_memory). With
+    line against batch size, with attention traced the `attention` way (trace_for_memory); at half it where
+    the step runs for real (it branches on its weights' values) and twice the batch outgrows this machine's
+    share for a real run (real_run.py), and a batch of 1 has no half. With
     `parallel` and a second CPU, the larger trace runs in a child forked once the model is built, while
     this process traces the first (profile.trace.Sibling), and is still running when this returns:
     SecondTrace.get() waits for it. The traces are the same either way. With `serve`, that child then stays
@@ -239,14 +242,29 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
     if trace is None:  # the trace cache's, when a run before traced it; the second step's with it
         trace = trace_cache.load(_cache_key(model, settings, batch, attention))
         second = trace_cache.load(_cache_key(model, settings, 2 * batch, attention)) if trace else None
+        if trace is not None and second is None and batch >= 2:  # where twice the batch outgrew a real run
+            second = trace_cache.load(_cache_key(model, settings, batch // 2, attention))
         if second is not None:
-            progress(f"using the steps of {model.source} traced at batches {batch} and {2 * batch} before "
+            progress(f"using the steps of {model.source} traced at batches {batch} and {second.batch_size} before "
                      "(the trace cache)")
             return trace, SecondTrace.ready(second)
 
     def traced_here() -> StepTrace:
         progress(f"tracing again at batch {2 * batch} for the largest batch that fits")
-        return trace_for_memory(model, settings, 2 * batch, attention)
+        try:
+            return trace_for_memory(model, settings, 2 * batch, attention)
+        except RealRunTooLarge as exc:  # run for real (values from its weights), twice the batch outgrew this machine
+            if batch < 2:
+                raise RealRunTooLarge(
+                    f"{model.source}: its step at batch 1 runs for real on this CPU, but the memory line against "
+                    "batch size needs a second step, at batch 2, which outgrew this machine's share for a real run "
+                    f"(1/{REAL_RUN_MEMORY_SHARE} of the available memory); plan on a "
+                    "machine with more memory") from exc
+        progress(f"tracing again at batch {batch // 2} instead: at batch {2 * batch} its step run for real "
+                 "outgrew this machine")
+        found = trace_for_memory(model, settings, batch // 2, attention)
+        trace_cache.store(_cache_key(model, settings, batch // 2, attention), found)
+        return found
 
     if trace is not None or not (parallel and can_fork()):
         if trace is None:
