@@ -238,6 +238,18 @@ def test_warps_bicubic_upsampling_and_index_sums_are_counted_by_hand() -> None:
     assert flops["max_pool3d_with_indices", "forward"] == 0  # data movement, counted by its bytes
 
 
+def test_in_place_metadata_and_pointwise_ops_are_counted() -> None:
+    """unsqueeze_ (BigBird) changes a view's metadata: free; abs_ is pointwise as abs is, though torch tags only
+    abs: one FLOP per element; eye and _is_all_true (LLaVA) move data."""
+    x = torch.randn(4, 6)
+    assert op_cost(torch.ops.aten.unsqueeze_.default, (x.clone(), 0), {}, None) == OpCost(0.0, 0, 0, False, True)
+    y = x.clone()
+    cost = op_cost(torch.ops.aten.abs_.default, (y,), {}, y)
+    assert cost.counted and cost.flops == 24  # 4 x 6 elements, one each
+    assert op_cost(torch.ops.aten.eye.default, (3,), {}, torch.eye(3)).counted
+    assert op_cost(torch.ops.aten._is_all_true.default, (x > 0,), {}, torch.tensor(True)).counted
+
+
 def test_segmentation_and_mobile_ops_are_counted() -> None:
     def build() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Hardswish(), torch.nn.Upsample(scale_factor=2,

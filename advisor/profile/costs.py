@@ -8,6 +8,7 @@ formula that are not pointwise, views or data movement are "uncounted" and repor
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -600,7 +601,8 @@ parameter, both codes and both absmax."""
 @register(*_ops("hardswish", "hardswish_", "hardswish_backward", "hardsigmoid_backward", "upsample_nearest2d",
                 "upsample_nearest2d_backward", "nll_loss2d_forward", "nll_loss2d_backward", "smooth_l1_loss",
                 "smooth_l1_loss_backward", "binary_cross_entropy_with_logits", "_weight_norm_interface",
-                "_weight_norm_interface_backward", "log_sigmoid_forward", "log_sigmoid_backward", "polar"))
+                "_weight_norm_interface_backward", "log_sigmoid_forward", "log_sigmoid_backward", "polar",
+                "softplus_backward"))
 def per_element_flops(args: tuple, named: dict, out: Any) -> float:
     """MobileNetV3's hard activations and their gradients, nearest-neighbour upsampling (a copy), the
     2-D NLL, smooth-L1 and logits-BCE losses (detection heads), weight normalisation (Wav2Vec2's
@@ -719,6 +721,7 @@ FREE_OPS = set(
     _ops(
         "_unsafe_view", "slice", "split", "unsafe_split", "t_", "transpose_", "empty", "empty_like",
         "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense", "set_", "resize_",
+        "unsqueeze_", "squeeze_", "as_strided_",
     )
 )
 """Ops that move no data and do no math that `_is_view` does not catch (views by schema alias info
@@ -736,7 +739,8 @@ DATA_OPS = set(
         "_foreach_zero_", "rand", "randn", "rand_like", "randn_like", "nonzero", "index_fill", "index_fill_",
         "randperm", "masked_select", "diagonal_copy", "diagonal_backward", "uniform_", "normal_",
         "scatter_", "masked_scatter", "masked_scatter_", "masked_scatter_backward", "max_pool3d_with_indices",
-        "max_pool3d_with_indices_backward", "avg_pool3d", "avg_pool3d_backward",
+        "max_pool3d_with_indices_backward", "avg_pool3d", "avg_pool3d_backward", "eye", "_is_all_true",
+        "_is_any_true",
     )
 )
 """Ops that move data but do (next to) no arithmetic: counted with 0 FLOPs and their bytes."""
@@ -778,6 +782,16 @@ def _read_arguments(packet: Any, args: tuple, kwargs: dict) -> list[Any]:
     return tree_flatten((args, kwargs))[0]
 
 
+@functools.cache
+def _pointwise_in_place(packet: Any) -> bool:
+    """An in-place op whose out-of-place form is tagged pointwise (`abs_` of `abs`): torch tags some in-place
+    forms and not others."""
+    name = packet.__name__
+    plain = getattr(aten, name[:-1], None) if name.endswith("_") and not name.startswith("_") else None
+    return plain is not None and any(torch.Tag.pointwise in getattr(plain, overload).tags
+                                     for overload in plain.overloads())
+
+
 def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     """Cost of one call of aten op `func` (an OpOverload) with these arguments and output."""
     packet = func.overloadpacket
@@ -804,7 +818,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         masked = packet.__name__.removesuffix("_backward") in SDPA_KERNELS and attention_masked(named)
     elif packet in DATA_OPS:  # before the pointwise tag: clone and copies carry it but do no math
         pass
-    elif torch.Tag.pointwise in func.tags:
+    elif torch.Tag.pointwise in func.tags or _pointwise_in_place(packet):
         flops = float(max((t.numel() for t in outputs if isinstance(t, torch.Tensor)), default=0))
     elif packet.__name__.startswith("_foreach_"):
         flops = _foreach_flops(args, outputs)
