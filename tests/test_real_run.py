@@ -191,3 +191,29 @@ def test_a_batch_of_one_whose_second_step_outgrows_a_real_run_says_why(tmp_path,
     with pytest.raises(real_run.RealRunTooLarge, match="batch 1 runs for real on this CPU, but the memory line") as error:
         trace_both_batches(model, MemorySettings(1, "fp32", "adamw"), parallel=False)
     assert "smaller --batch-size" not in str(error.value)
+
+
+class MaskedByItsPadding(nn.Module):
+    """Longformer in miniature: an attention-sized mask from the input's padding alone (batch x s x s), and a
+    branch on it (`.any()`): input values, not the weights', which the real-inputs fallback answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = (ids[:, None, :] > 0) & (ids[:, :, None] > 0)  # batch x 2,048 x 2,048 booleans
+        hidden = self.embed(ids)
+        return hidden * 2 if bool(mask.any()) else hidden
+
+
+def test_a_large_mask_from_the_inputs_keeps_its_real_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At batch 8 the mask has 8 x 2,048 x 2,048 = 33.5 M elements (33.5 MB of booleans): over the 2**24 elements
+    a real twin was capped at, which ran the step for real as if it read its weights' values; under 1/16 of a
+    4 GiB real-run budget (256 MiB), so it keeps its twin and the step traces on fake tensors."""
+    from advisor.profile import trace as trace_module
+
+    monkeypatch.setattr(trace_module, "real_run_budget_bytes", lambda: 4 * 2**30)
+    ids = lambda batch: torch.randint(1, 16, (batch, 2048))  # noqa: E731
+    trace = trace_training_step(MaskedByItsPadding, ids, 8, loss_fn=lambda out, _: out.float().mean())
+    assert trace.values == "fake+real-inputs"

@@ -69,7 +69,8 @@ from advisor.profile.repeated import (
     template_multiplicity,
     tensor_list,
 )
-from advisor.profile.real_run import check_weights_fit, seeded_random_numbers, too_large_during_step
+from advisor.profile.real_run import (check_weights_fit, real_run_budget_bytes, seeded_random_numbers,
+                                      too_large_during_step)
 from advisor.profile.shapes import SHAPE_KERNELS
 from advisor.profile.torch_patches import fake_tensor_conversions, grouped_mm_in_any_float, unpacked_fake_sequences
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
@@ -84,8 +85,12 @@ OUTSIDE_MODEL = {"loss": "(loss)", "optimizer": "(optimizer)"}
 DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
 """What fake tensors raise when an op needs the values of its inputs."""
 
-MAX_REAL_ELEMENTS = 1 << 24
-"""Largest tensor (elements) computed for real beside its fake twin in the real-inputs fallback."""
+REAL_TWIN_SHARE = 16
+"""In the real-inputs fallback, an op's outputs are computed for real beside their fake twins while they
+take at most 1/16 of the real run's budget (real_run.real_run_budget_bytes, a quarter of the memory available:
+384 MiB of 24 GiB): Longformer's attention mask from the input's padding, batch x 4,096 x 4,096, has a twin
+at batch 2 (134 MB), where an element cap of 2**24 dropped it and the model was run for real as if it
+branched on its weights."""
 
 GRAD_SCALER_INIT_SCALE = 2.0**16
 """torch.amp.GradScaler's default initial scale (amp-fp16 runs scale the loss by it)."""
@@ -369,6 +374,8 @@ class _Recorder(TorchDispatchMode):
         """The memory tracker's tick of each record (repeated.py places blocks by them)."""
         self.fake_mode = fake_mode
         self.real: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.real_twin_bytes = 0 if fake_mode is None else real_run_budget_bytes() // REAL_TWIN_SHARE
+        """Largest outputs of one op (bytes) computed for real beside their fake twins (REAL_TWIN_SHARE)."""
         self.data_dependent: dict[str, int] = {}
         self.attention_dropout: FusedAttentionDropout | None = None
         """The mode that takes dropout out of attention calls (GPU traces), whose kernels draw masks."""
@@ -519,7 +526,7 @@ class _Recorder(TorchDispatchMode):
         if self.fake_mode is None or self.phase != "forward":
             return
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
-        if not outputs or sum(t.numel() for t in outputs) > MAX_REAL_ELEMENTS:
+        if not outputs or sum(t.numel() * t.element_size() for t in outputs) > self.real_twin_bytes:
             return
         real_arguments = self._real_arguments(args, kwargs)
         if real_arguments is None:
