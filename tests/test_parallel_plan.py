@@ -87,6 +87,23 @@ def mlp_parallel(db):
     return single, several
 
 
+def test_a_scaling_efficiency_over_100_percent_says_why(mlp_parallel) -> None:
+    """A sharded optimizer steps 1/N of the weights per GPU: against one GPU that steps them all, the ratio can
+    exceed 100% (Phi-3-mini on 8 H100s read 158%); the line says so rather than leaving it to look wrong."""
+    from advisor.present.parallel import parallel_line
+
+    _, several = mlp_parallel
+    result = next(r for r in several.results if r.scaling is not None and r.scaling.layout.shards > 1)
+    scaling = result.scaling
+    # one GPU's step twice the rank's: 2 x step / (step x tp 1) = 200%
+    doubled = dataclasses.replace(result, scaling=dataclasses.replace(scaling, single_step_s=2 * result.step_time_s))
+    assert doubled.scaling_efficiency == pytest.approx(2.0)
+    line = parallel_line(doubled)
+    assert f"scaling efficiency 200% (over 100%: each GPU updates 1/{scaling.layout.shards} of the weights" in line
+    halved = dataclasses.replace(result, scaling=dataclasses.replace(scaling, single_step_s=result.step_time_s / 2))
+    assert "scaling efficiency 50%;" in parallel_line(halved)  # below 100%: nothing to explain
+
+
 def test_the_batch_is_each_gpus_and_the_job_counts_the_global_batch(mlp_parallel) -> None:
     single, several = mlp_parallel
     for result in several.results:

@@ -48,6 +48,9 @@ def parallel_line(result: DeviceEstimate) -> str | None:
     efficiency = result.scaling_efficiency
     if result.fits and efficiency is not None:
         line += f"; scaling efficiency {efficiency:.0%}"
+        if efficiency > 1 and scaling.layout.shards > 1:  # not an error: a sharded optimizer's step is shorter
+            line += (f" (over 100%: each GPU updates 1/{scaling.layout.shards} of the weights, where one GPU "
+                     "updates them all)")
     elif result.fits:
         line += "; no scaling efficiency (one GPU cannot hold the step)"
     tp = scaling.layout.tp
