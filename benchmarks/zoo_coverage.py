@@ -87,11 +87,12 @@ def _ids(batch: int, seq: int, vocab: int, low: int = 0) -> torch.Tensor:
     return torch.randint(low, vocab, (batch, seq))
 
 
-def lm_tokens(seq: int, vocab: int) -> Callable[[int], dict[str, torch.Tensor]]:
-    """Token ids and the same ids as labels (causal or masked LM loss computed by the model)."""
+def lm_tokens(seq: int, vocab: int, mask: bool = False) -> Callable[[int], dict[str, torch.Tensor]]:
+    """Token ids and the same ids as labels (causal or masked LM loss computed by the model), and an
+    all-ones attention mask when `mask`."""
     def make(batch: int) -> dict[str, torch.Tensor]:
         ids = _ids(batch, seq, vocab, low=3)
-        return {"input_ids": ids, "labels": ids}
+        return {"input_ids": ids, "labels": ids} | ({"attention_mask": torch.ones_like(ids)} if mask else {})
     return make
 
 
@@ -154,6 +155,21 @@ def binary_loss(output: torch.Tensor, inputs: Any) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(output, torch.zeros_like(output))
 
 
+def depth_loss(output: Any, inputs: Any) -> torch.Tensor:
+    """Depth estimation: L1 of the predicted depth map against zero."""
+    return output.predicted_depth.abs().mean()
+
+
+def reconstruction_loss(output: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Autoencoders: the mean square error of the reconstruction against the input image."""
+    return (output.sample - inputs["sample"]).pow(2).mean()
+
+
+def flow_loss(output: list[torch.Tensor], inputs: Any) -> torch.Tensor:
+    """RAFT's sequence loss: L1 of every flow update against zero flow, weighted 0.8 ** (updates left)."""
+    return sum(0.8 ** (len(output) - i - 1) * flow.abs().mean() for i, flow in enumerate(output))
+
+
 # ============================================================================= builders
 
 
@@ -190,6 +206,22 @@ def lora(base: Callable[[], nn.Module], targets: list[str]) -> Callable[[], nn.M
     return build
 
 
+def adapter(base: Callable[[], nn.Module], config_class: str, **config: Any) -> Callable[[], nn.Module]:
+    """peft's `config_class` (LoraConfig, IA3Config, PrefixTuningConfig) with `config` on a base causal LM."""
+    def build() -> nn.Module:
+        import peft
+        return peft.get_peft_model(base(), getattr(peft, config_class)(task_type="CAUSAL_LM", **config))
+    return build
+
+
+def diffusers_model(model_class: str, **arguments: Any) -> Callable[[], nn.Module]:
+    """A diffusers model from its constructor's arguments (no download)."""
+    def build() -> nn.Module:
+        import diffusers
+        return getattr(diffusers, model_class)(**arguments)
+    return build
+
+
 def detr_input(size: int) -> Callable[[int], dict[str, Any]]:
     def make(batch: int) -> dict[str, Any]:
         boxes = torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.4]])  # normalised cx, cy, w, h
@@ -205,6 +237,65 @@ def clip_input(batch: int) -> dict[str, Any]:
 
 def whisper_input(batch: int) -> dict[str, torch.Tensor]:
     return {"input_features": torch.randn(batch, 80, 3000), "labels": _ids(batch, 64, 51865)}
+
+
+def siglip_input(batch: int) -> dict[str, Any]:
+    return {"input_ids": _ids(batch, 64, 32000, low=3), "pixel_values": torch.randn(batch, 3, 224, 224),
+            "return_loss": True}
+
+
+def blip_input(batch: int) -> dict[str, torch.Tensor]:
+    """A 384 px image and a 32-token caption (also the labels)."""
+    ids = _ids(batch, 32, 30524, low=3)
+    return {"pixel_values": torch.randn(batch, 3, 384, 384), "input_ids": ids, "labels": ids}
+
+
+def esm_input(batch: int) -> dict[str, torch.Tensor]:
+    """1024 residues (amino-acid token ids 4..23), all attended, as their own MLM labels."""
+    ids = torch.randint(4, 24, (batch, 1024))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def longformer_input(batch: int) -> dict[str, torch.Tensor]:
+    """4096 tokens, global attention on the first one, the tokens as MLM labels."""
+    ids = _ids(batch, 4096, 50265, low=3)
+    global_mask = torch.zeros(batch, 4096, dtype=torch.long)
+    global_mask[:, 0] = 1
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "global_attention_mask": global_mask,
+            "labels": ids}
+
+
+def layoutlmv3_input(batch: int) -> dict[str, torch.Tensor]:
+    """512 tokens with a 50x20 box each on a 1000-unit page, a 224 px page image, 7 token labels."""
+    corner = torch.randint(0, 900, (batch, 512, 2))
+    return {"input_ids": _ids(batch, 512, 50265, low=3),
+            "bbox": torch.cat([corner, corner + torch.tensor([50, 20])], -1),
+            "attention_mask": torch.ones(batch, 512, dtype=torch.long),
+            "pixel_values": torch.randn(batch, 3, 224, 224), "labels": torch.randint(0, 7, (batch, 512))}
+
+
+LLAVA_IMAGE_TOKEN = 32000
+
+
+def llava_input(batch: int) -> dict[str, torch.Tensor]:
+    """A 336 px image as 576 image tokens after 8 text tokens, 120 more text tokens; loss on the text after it."""
+    text = torch.randint(3, 31999, (batch, 128))
+    ids = torch.cat([text[:, :8], torch.full((batch, 576), LLAVA_IMAGE_TOKEN), text[:, 8:]], 1)
+    labels = ids.clone()
+    labels[:, :584] = -100
+    return {"input_ids": ids, "pixel_values": torch.randn(batch, 3, 336, 336), "labels": labels}
+
+
+def mask2former_input(batch: int) -> dict[str, Any]:
+    """384 px images with three instance masks and classes each (matched to the queries by the model)."""
+    masks = torch.zeros(3, 384, 384)
+    masks[0, :100, :100] = 1
+    masks[1, 100:300, 50:200] = 1
+    masks[2, 200:, 200:] = 1
+    return {"pixel_values": torch.randn(batch, 3, 384, 384),
+            "pixel_mask": torch.ones(batch, 384, 384, dtype=torch.long),
+            "mask_labels": [masks.clone() for _ in range(batch)],
+            "class_labels": [torch.tensor([1, 5, 20]) for _ in range(batch)]}
 
 
 def wav2vec2_input(batch: int) -> dict[str, torch.Tensor]:
@@ -233,6 +324,18 @@ def detection_input(with_masks: bool) -> Callable[[int], tuple[list[torch.Tensor
             targets.append(target)
         return images_, targets
     return make
+
+
+def keypoint_input(batch: int) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """Keypoint R-CNN in train mode: 480x640 images, two people each with a box and 17 visible keypoints."""
+    images_, targets = [], []
+    for _ in range(batch):
+        images_.append(torch.rand(3, 480, 640))
+        keypoints = torch.rand(2, 17, 3) * torch.tensor([150.0, 300.0, 0.0]) + torch.tensor([50.0, 60.0, 2.0])
+        keypoints[1, :, 0] += 250
+        targets.append({"boxes": torch.tensor([[40.0, 60.0, 200.0, 360.0], [300.0, 60.0, 460.0, 360.0]]),
+                        "labels": torch.tensor([1, 1]), "keypoints": keypoints})
+    return images_, targets
 
 
 # ---- diffusers
@@ -281,6 +384,28 @@ def dit_s2() -> nn.Module:
 def dit_input(batch: int) -> dict[str, torch.Tensor]:
     return {"hidden_states": torch.randn(batch, 4, 32, 32), "timestep": torch.full((batch,), 500),
             "class_labels": torch.zeros(batch, dtype=torch.long)}
+
+
+def flux_input(batch: int) -> dict[str, torch.Tensor]:
+    """Flux: 1024 packed latent tokens (a 32x32 grid, 512 px) with their position ids, 256 T5 tokens, a
+    pooled CLIP vector, timestep and guidance."""
+    image_ids = torch.zeros(32, 32, 3)
+    image_ids[..., 1] = torch.arange(32)[:, None]
+    image_ids[..., 2] = torch.arange(32)[None, :]
+    return {"hidden_states": torch.randn(batch, 1024, 64), "encoder_hidden_states": torch.randn(batch, 256, 4096),
+            "pooled_projections": torch.randn(batch, 768), "timestep": torch.full((batch,), 0.5),
+            "img_ids": image_ids.reshape(-1, 3), "txt_ids": torch.zeros(256, 3), "guidance": torch.full((batch,), 3.5)}
+
+
+def sd3_input(batch: int) -> dict[str, torch.Tensor]:
+    return {"hidden_states": torch.randn(batch, 16, 128, 128), "encoder_hidden_states": torch.randn(batch, 154, 4096),
+            "pooled_projections": torch.randn(batch, 2048), "timestep": torch.full((batch,), 500)}
+
+
+def sdxl_unet_input(batch: int) -> dict[str, Any]:
+    """SDXL: 128x128 latents, 77 tokens of 2048, and the pooled text embedding and size/crop ids."""
+    return {**unet_input(128, 2048)(batch),
+            "added_cond_kwargs": {"text_embeds": torch.randn(batch, 1280), "time_ids": torch.randn(batch, 6)}}
 
 
 # ---- plain torch
@@ -443,6 +568,67 @@ ZOO: dict[str, ZooModel] = {
     "hf_mamba_130m": _llm("MambaConfig", "MambaForCausalLM",
                           "Mamba-130M, real size (24 x 768; torch's sequential scan, no CUDA kernels), seq 128",
                           128, 50280, batch=2, family="state space", hidden_size=768, num_hidden_layers=24),
+    "hf_gemma3_1b": _llm("Gemma3TextConfig", "Gemma3ForCausalLM",
+                         "Gemma-3-1B, real size (26 x 1152, MQA, head 256, sliding window 512, tied), seq 512",
+                         512, 262144, batch=2, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                         max_position_embeddings=32768, tie_word_embeddings=True),
+    "hf_phi3_mini": _llm("Phi3Config", "Phi3ForCausalLM", "Phi-3-mini-4k, real size (32 x 3072, fused qkv), seq 1024",
+                         1024, 32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                         pad_token_id=32000),
+    "hf_smollm2_135m": _llm("LlamaConfig", "LlamaForCausalLM",
+                            "SmolLM2-135M, real size (30 x 576, GQA 3, tied), seq 1024",
+                            1024, 49152, batch=8, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                            num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+                            max_position_embeddings=8192),
+    "hf_falcon_rw_1b": _llm("FalconConfig", "FalconForCausalLM",
+                            "Falcon-RW-1B, real size (24 x 2048, ALiBi, no GQA), seq 1024", 1024, 50304, batch=2,
+                            hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, alibi=True, bias=True,
+                            multi_query=False, new_decoder_architecture=False, parallel_attn=False),
+    "hf_falcon_7b_4l": _llm("FalconConfig", "FalconForCausalLM",
+                            "Falcon-7B reduced to 4 of 32 layers (real width 4544, MQA, parallel attention), seq 1024",
+                            1024, 65024, hidden_size=4544, num_hidden_layers=4, num_attention_heads=71,
+                            multi_query=True, parallel_attn=True, bias=False, alibi=False,
+                            new_decoder_architecture=False),
+    "hf_stablelm2_1_6b": _llm("StableLmConfig", "StableLmForCausalLM",
+                              "StableLM-2-1.6B, real size (24 x 2048, partial rotary 0.25, qkv bias), seq 1024",
+                              1024, 100352, batch=2, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                              num_attention_heads=32, num_key_value_heads=32, partial_rotary_factor=0.25,
+                              use_qkv_bias=True, layer_norm_eps=1e-5, max_position_embeddings=4096),
+    "hf_olmo2_1b": _llm("Olmo2Config", "Olmo2ForCausalLM",
+                        "OLMo-2-0425-1B, real size (16 x 2048, QK norm, post-norm), seq 1024", 1024, 100352, batch=2,
+                        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
+                        num_key_value_heads=16, max_position_embeddings=4096),
+    "hf_granite3_2b": _llm("GraniteConfig", "GraniteForCausalLM",
+                           "Granite-3.0-2B, real size (40 x 2048, GQA 8, muP multipliers, tied), seq 1024",
+                           1024, 49155, batch=2, hidden_size=2048, intermediate_size=8192, num_hidden_layers=40,
+                           num_attention_heads=32, num_key_value_heads=8, embedding_multiplier=12.0,
+                           residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0,
+                           tie_word_embeddings=True),
+    "hf_cohere_cmdr_2l": _llm("CohereConfig", "CohereForCausalLM",
+                              "Command-R (35B) reduced to 2 of 40 layers (real width 8192, parallel block, logit "
+                              "scale, tied 256k vocab), seq 512", 512, 256000, hidden_size=8192,
+                              intermediate_size=22528, num_hidden_layers=2, num_attention_heads=64,
+                              num_key_value_heads=64, logit_scale=0.0625, tie_word_embeddings=True),
+    "hf_smollm3_3b": _llm("SmolLM3Config", "SmolLM3ForCausalLM",
+                          "SmolLM3-3B, real size (36 x 2048, GQA 4, NoPE every 4th layer, tied), seq 1024",
+                          1024, 128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                          num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=True),
+    "hf_jamba_tiny": _llm("JambaConfig", "JambaForCausalLM",
+                          "Jamba-like tiny hybrid (4 layers of 512: 2 Mamba + 2 attention, MoE of 4 experts top 2 "
+                          "every 2nd layer; torch's sequential scan), seq 512", 512, 32000, batch=4,
+                          family="hybrid SSM", hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                          num_attention_heads=8, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1,
+                          expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+                          mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False),
+    "hf_zamba_tiny": _llm("ZambaConfig", "ZambaForCausalLM",
+                          "Zamba-like tiny hybrid (6 Mamba layers of 512, a shared attention block; torch's sequential "
+                          "scan), seq 64 (at 512 the trace outlasts the timeout)", 64, 32000, batch=4,
+                          family="hybrid SSM", hidden_size=512, intermediate_size=1024, num_hidden_layers=6,
+                          num_attention_heads=8, num_key_value_heads=8, attention_hidden_size=1024,
+                          attention_head_dim=128, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                          attn_layer_period=3, attn_layer_offset=2, use_mamba_kernels=False),
     # ---------------------------------------------------------------- transformers: mixture of experts
     "hf_mixtral_8x7b_2l": _llm("MixtralConfig", "MixtralForCausalLM",
                                "Mixtral-8x7B reduced to 2 of 32 layers (real width, 8 experts, top 2), seq 256",
@@ -457,6 +643,17 @@ ZOO: dict[str, ZooModel] = {
                               "gpt-oss-20b reduced to 2 of 24 layers (32 experts top 4, attention sinks, one sliding "
                               "and one full layer), seq 256", 256, 201088, family="MoE LLM", num_hidden_layers=2,
                               num_local_experts=32),
+    "hf_qwen3_moe_2l": _llm("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                            "Qwen3-30B-A3B reduced to 2 of 48 layers (128 experts top 8), seq 512", 512, 151936,
+                            family="MoE LLM", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                            num_experts=128, num_experts_per_tok=8, num_hidden_layers=2, num_attention_heads=32,
+                            num_key_value_heads=4, head_dim=128, decoder_sparse_step=1, mlp_only_layers=[]),
+    "hf_llama4_scout_2l": _llm("Llama4TextConfig", "Llama4ForCausalLM",
+                               "Llama-4-Scout text reduced to 2 of 48 layers (16 experts top 1 + shared, chunked "
+                               "attention), seq 512", 512, 202048, family="MoE LLM", hidden_size=5120,
+                               intermediate_size=8192, intermediate_size_mlp=16384, num_local_experts=16,
+                               num_experts_per_tok=1, num_hidden_layers=2, num_attention_heads=40,
+                               num_key_value_heads=8, head_dim=128),
     # ---------------------------------------------------------------- transformers: encoders
     "hf_bert_base": ZooModel("transformers", "encoder", "BERT-base MLM, real size, seq 128",
                              hf("BertConfig", "BertForMaskedLM"), lm_tokens(128, 30522), model_loss, 4),
@@ -487,6 +684,34 @@ ZOO: dict[str, ZooModel] = {
                                  hf("ElectraConfig", "ElectraForPreTraining"),
                                  lambda b: {"input_ids": _ids(b, 128, 30522, 3),
                                             "labels": torch.randint(0, 2, (b, 128))}, model_loss, 4),
+    "hf_bigbird_base": ZooModel("transformers", "encoder",
+                                "BigBird-RoBERTa-base MLM, real size (block-sparse attention: block 64, 3 random "
+                                "blocks), seq 4096",
+                                hf("BigBirdConfig", "BigBirdForMaskedLM", vocab_size=50358,
+                                   attention_type="block_sparse", block_size=64, num_random_blocks=3,
+                                   max_position_embeddings=4096),
+                                lm_tokens(4096, 50358), model_loss, 2),
+    "hf_longformer_base": ZooModel("transformers", "encoder",
+                                   "Longformer-base MLM, real size (sliding window 512, global attention on the first "
+                                   "token), seq 4096",
+                                   hf("LongformerConfig", "LongformerForMaskedLM", vocab_size=50265, hidden_size=768,
+                                      num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                                      attention_window=[512] * 12, max_position_embeddings=4098, pad_token_id=1,
+                                      type_vocab_size=1),
+                                   longformer_input, model_loss, 1),
+    "hf_xlnet_base": ZooModel("transformers", "encoder",
+                              "XLNet-base-cased LM head, real size (relative attention, two-stream off), seq 512",
+                              hf("XLNetConfig", "XLNetLMHeadModel", vocab_size=32000, d_model=768, n_layer=12,
+                                 n_head=12, d_inner=3072),
+                              lm_tokens(512, 32000), model_loss, 4),
+    "hf_esm2_35m": ZooModel("transformers", "encoder",
+                            "ESM-2 35M protein MLM (esm2_t12_35M_UR50D), real size (12 x 480, rotary, token dropout), "
+                            "1024 residues",
+                            hf("EsmConfig", "EsmForMaskedLM", vocab_size=33, hidden_size=480, num_hidden_layers=12,
+                               num_attention_heads=20, intermediate_size=1920, max_position_embeddings=1026,
+                               position_embedding_type="rotary", pad_token_id=1, mask_token_id=32,
+                               token_dropout=True, emb_layer_norm_before=False),
+                            esm_input, model_loss, 16),
     # ---------------------------------------------------------------- transformers: encoder-decoders
     "hf_t5_small": ZooModel("transformers", "encoder-decoder",
                             "T5-small, real size (config defaults; t5-small's token ids), 256 -> 64",
@@ -499,6 +724,30 @@ ZOO: dict[str, ZooModel] = {
                                 decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,
                                 encoder_ffn_dim=3072, decoder_ffn_dim=3072),
                              seq2seq_tokens(256, 64, 50265), model_loss, 4),
+    "hf_flan_t5_base": ZooModel("transformers", "encoder-decoder",
+                                "Flan-T5-base, real size (12+12 x 768, gated GELU, untied head), 512 -> 128",
+                                hf("T5Config", "T5ForConditionalGeneration", vocab_size=32128, d_model=768, d_kv=64,
+                                   d_ff=2048, num_layers=12, num_decoder_layers=12, num_heads=12,
+                                   feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+                                seq2seq_tokens(512, 128, 32128), model_loss, 8),
+    "hf_pegasus_large": ZooModel("transformers", "encoder-decoder",
+                                 "Pegasus-large, real size (16+16 x 1024, 96k vocab, sinusoidal positions), 512 -> 128",
+                                 hf("PegasusConfig", "PegasusForConditionalGeneration", vocab_size=96103, d_model=1024,
+                                    encoder_layers=16, decoder_layers=16, encoder_attention_heads=16,
+                                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096,
+                                    max_position_embeddings=1024, pad_token_id=0, decoder_start_token_id=0,
+                                    eos_token_id=1),
+                                 seq2seq_tokens(512, 128, 96103), model_loss, 4),
+    "hf_marian_en_de": ZooModel("transformers", "encoder-decoder",
+                                "MarianMT opus-mt-en-de, real size (6+6 x 512, sinusoidal positions, 58,101 shared "
+                                "vocab), 128 -> 128",
+                                hf("MarianConfig", "MarianMTModel", vocab_size=58101, d_model=512, encoder_layers=6,
+                                   decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+                                   encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
+                                   pad_token_id=58100, decoder_start_token_id=58100, activation_function="swish",
+                                   scale_embedding=True, share_encoder_decoder_embeddings=True),
+                                seq2seq_tokens(128, 128, 58100), model_loss, 32),
     # ---------------------------------------------------------------- transformers: vision, multimodal, audio
     "hf_vit_base": ZooModel("transformers", "vision transformer", "ViT-B/16 classifier, real size, 224 px",
                             hf("ViTConfig", "ViTForImageClassification", num_labels=1000), labelled_images(224),
@@ -528,6 +777,60 @@ ZOO: dict[str, ZooModel] = {
                                            "the same Wav2Vec2-base CTC with SpecAugment off (layerdrop 0.1 kept)",
                                            hf("Wav2Vec2Config", "Wav2Vec2ForCTC", apply_spec_augment=False),
                                            wav2vec2_input, model_loss, 2),
+    "hf_beit_base": ZooModel("transformers", "vision transformer",
+                             "BEiT-B/16 classifier, real size (relative position bias, layer scale, mean pooling), "
+                             "224 px",
+                             hf("BeitConfig", "BeitForImageClassification", use_relative_position_bias=True,
+                                use_mean_pooling=True, layer_scale_init_value=0.1, num_labels=1000),
+                             labelled_images(224), model_loss, 32),
+    "hf_dinov2_small": ZooModel("transformers", "vision transformer",
+                                "DINOv2-S/14 classifier, real size (position embeddings for 518 px interpolated), "
+                                "224 px",
+                                hf("Dinov2Config", "Dinov2ForImageClassification", hidden_size=384,
+                                   num_hidden_layers=12, num_attention_heads=6, image_size=518, patch_size=14,
+                                   num_labels=1000),
+                                labelled_images(224), model_loss, 64),
+    "hf_dpt_large": ZooModel("transformers", "depth estimation",
+                             "DPT-Large depth estimation, real size (ViT-L/16 + reassemble/fusion neck), 384 px, L1 "
+                             "on the depth map", hf("DPTConfig", "DPTForDepthEstimation"),
+                             lambda b: {"pixel_values": torch.randn(b, 3, 384, 384)}, depth_loss, 4),
+    "hf_mask2former_swin_t": ZooModel("transformers", "segmentation",
+                                      "Mask2Former (Swin-T backbone, 100 queries), real size, 133 COCO panoptic "
+                                      "classes, 384 px, 3 instances per image, Hungarian-matched loss",
+                                      hf("Mask2FormerConfig", "Mask2FormerForUniversalSegmentation",
+                                         backbone_config={"model_type": "swin", "embed_dim": 96,
+                                                          "depths": [2, 2, 6, 2], "num_heads": [3, 6, 12, 24],
+                                                          "window_size": 7,
+                                                          "out_features": ["stage1", "stage2", "stage3", "stage4"]},
+                                         num_labels=133, use_pretrained_backbone=False),
+                                      mask2former_input, model_loss, 2),
+    "hf_siglip_base": ZooModel("transformers", "multimodal",
+                               "SigLIP base-patch16-224, real size (config defaults), sigmoid contrastive loss, "
+                               "64 tokens", hf("SiglipConfig", "SiglipModel"), siglip_input, model_loss, 32),
+    "hf_blip_caption": ZooModel("transformers", "multimodal",
+                                "BLIP captioning base (ViT-B/16 at 384 px + BERT decoder with cross-attention), real "
+                                "size (config defaults), 32 tokens",
+                                hf("BlipConfig", "BlipForConditionalGeneration"), blip_input, model_loss, 16),
+    "hf_layoutlmv3_base": ZooModel("transformers", "multimodal",
+                                   "LayoutLMv3-base token classifier (7 labels), real size, 512 tokens with boxes + "
+                                   "224 px page", hf("LayoutLMv3Config", "LayoutLMv3ForTokenClassification",
+                                                     vocab_size=50265, num_labels=7),
+                                   layoutlmv3_input, model_loss, 4),
+    "hf_llava15_4l": ZooModel("transformers", "multimodal",
+                              "LLaVA-1.5-7B: CLIP ViT-L/14-336 tower (real size) + MLP projector + Llama-7B reduced to "
+                              "4 of 32 layers; 576 image + 128 text tokens",
+                              hf("LlavaConfig", "LlavaForConditionalGeneration",
+                                 vision_config={"model_type": "clip_vision_model", "hidden_size": 1024,
+                                                "intermediate_size": 4096, "num_hidden_layers": 24,
+                                                "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+                                                "projection_dim": 768},
+                                 text_config={"model_type": "llama", "vocab_size": 32064, "hidden_size": 4096,
+                                              "intermediate_size": 11008, "num_hidden_layers": 4,
+                                              "num_attention_heads": 32, "num_key_value_heads": 32,
+                                              "max_position_embeddings": 4096},
+                                 image_token_index=LLAVA_IMAGE_TOKEN, vision_feature_layer=-2,
+                                 vision_feature_select_strategy="default", projector_hidden_act="gelu"),
+                              llava_input, model_loss, 2),
     # ---------------------------------------------------------------- timm
     "timm_resnet50": ZooModel("timm", "vision CNN", "resnet50, real size, 224 px", timm_model("resnet50"),
                               images(224), classification_loss, 2),
@@ -549,6 +852,28 @@ ZOO: dict[str, ZooModel] = {
                                  timm_model("maxvit_tiny_tf_224"), images(224), classification_loss, 2),
     "timm_coatnet_0": ZooModel("timm", "vision hybrid", "coatnet_0_rw_224, real size", timm_model("coatnet_0_rw_224"),
                                images(224), classification_loss, 2),
+    "timm_eva02_small": ZooModel("timm", "vision transformer", "eva02_small_patch14_224, real size",
+                                 timm_model("eva02_small_patch14_224"), images(224), classification_loss, 64),
+    "timm_vit_small_reg4_dinov2": ZooModel("timm", "vision transformer",
+                                           "vit_small_patch14_reg4_dinov2 (4 register tokens), real size, 518 px",
+                                           timm_model("vit_small_patch14_reg4_dinov2"), images(518),
+                                           classification_loss, 16),
+    "timm_efficientnetv2_rw_s": ZooModel("timm", "vision CNN", "efficientnetv2_rw_s, real size, 288 px",
+                                         timm_model("efficientnetv2_rw_s"), images(288), classification_loss, 64),
+    "timm_dm_nfnet_f0": ZooModel("timm", "vision CNN", "dm_nfnet_f0 (normalizer-free), real size, 256 px",
+                                 timm_model("dm_nfnet_f0"), images(256), classification_loss, 64),
+    "timm_resnest50d": ZooModel("timm", "vision CNN", "resnest50d (split attention), real size, 224 px",
+                                timm_model("resnest50d"), images(224), classification_loss, 64),
+    "timm_hrnet_w18": ZooModel("timm", "vision CNN", "hrnet_w18, real size, 224 px", timm_model("hrnet_w18"),
+                               images(224), classification_loss, 64),
+    "timm_convnextv2_atto": ZooModel("timm", "vision CNN", "convnextv2_atto, real size, 224 px",
+                                     timm_model("convnextv2_atto"), images(224), classification_loss, 128),
+    "timm_levit_128": ZooModel("timm", "vision hybrid", "levit_128, real size, 224 px", timm_model("levit_128"),
+                               images(224), classification_loss, 128),
+    "timm_fastvit_t8": ZooModel("timm", "vision hybrid", "fastvit_t8, real size, 256 px", timm_model("fastvit_t8"),
+                                images(256), classification_loss, 128),
+    "timm_edgenext_small": ZooModel("timm", "vision hybrid", "edgenext_small, real size, 256 px",
+                                    timm_model("edgenext_small"), images(256), classification_loss, 128),
     # ---------------------------------------------------------------- torchvision
     "tv_resnet50": ZooModel("torchvision", "vision CNN", "resnet50, real size, 224 px", torchvision_model("resnet50"),
                             images(224), classification_loss, 2),
@@ -589,6 +914,46 @@ ZOO: dict[str, ZooModel] = {
     "tv_r3d_18": ZooModel("torchvision", "video", "r3d_18 (3-D ResNet), real size, 16 frames of 112 px",
                           torchvision_model("r3d_18", "video"), lambda b: torch.randn(b, 3, 16, 112, 112),
                           classification_loss, 2),
+    "tv_regnet_y_400mf": ZooModel("torchvision", "vision CNN", "regnet_y_400mf, real size, 224 px",
+                                  torchvision_model("regnet_y_400mf"), images(224), classification_loss, 128),
+    "tv_shufflenet_v2_x1_0": ZooModel("torchvision", "vision CNN", "shufflenet_v2_x1_0, real size, 224 px",
+                                      torchvision_model("shufflenet_v2_x1_0"), images(224), classification_loss, 256),
+    "tv_squeezenet1_1": ZooModel("torchvision", "vision CNN", "squeezenet1_1, real size, 224 px",
+                                 torchvision_model("squeezenet1_1"), images(224), classification_loss, 256),
+    "tv_googlenet": ZooModel("torchvision", "vision CNN", "googlenet without aux logits, real size, 224 px",
+                             torchvision_model("googlenet", aux_logits=False, init_weights=True), images(224),
+                             classification_loss, 128),
+    "tv_mnasnet1_0": ZooModel("torchvision", "vision CNN", "mnasnet1_0, real size, 224 px",
+                              torchvision_model("mnasnet1_0"), images(224), classification_loss, 128),
+    "tv_fcos_resnet50_fpn": ZooModel("torchvision", "detection",
+                                     "fcos_resnet50_fpn, real size, train mode with targets, 480x640",
+                                     torchvision_model("fcos_resnet50_fpn", "detection", weights_backbone=None),
+                                     detection_input(False), sum_of_losses, 4),
+    "tv_retinanet_resnet50_fpn": ZooModel("torchvision", "detection",
+                                          "retinanet_resnet50_fpn, real size, train mode with targets, 480x640",
+                                          torchvision_model("retinanet_resnet50_fpn", "detection",
+                                                            weights_backbone=None),
+                                          detection_input(False), sum_of_losses, 4),
+    "tv_ssd300_vgg16": ZooModel("torchvision", "detection",
+                                "ssd300_vgg16, real size, train mode with targets, 480x640 (resized to 300 by the "
+                                "model)",
+                                torchvision_model("ssd300_vgg16", "detection", weights_backbone=None),
+                                detection_input(False), sum_of_losses, 4),
+    "tv_keypointrcnn": ZooModel("torchvision", "detection",
+                                "keypointrcnn_resnet50_fpn, real size, train mode with 2 people x 17 keypoints, "
+                                "480x640",
+                                torchvision_model("keypointrcnn_resnet50_fpn", "detection", weights_backbone=None),
+                                keypoint_input, sum_of_losses, 2),
+    "tv_raft_small": ZooModel("torchvision", "optical flow",
+                              "raft_small optical flow, real size, 368x496 image pairs, 12 flow updates, RAFT's "
+                              "sequence loss", torchvision_model("raft_small", "optical_flow"),
+                              lambda b: (torch.randn(b, 3, 368, 496), torch.randn(b, 3, 368, 496)), flow_loss, 8),
+    "tv_mvit_v2_s": ZooModel("torchvision", "video", "mvit_v2_s (multiscale video transformer), real size, 16 frames "
+                             "of 224 px", torchvision_model("mvit_v2_s", "video"),
+                             lambda b: torch.randn(b, 3, 16, 224, 224), classification_loss, 4),
+    "tv_swin3d_t": ZooModel("torchvision", "video", "swin3d_t (video Swin), real size, 16 frames of 224 px",
+                            torchvision_model("swin3d_t", "video"), lambda b: torch.randn(b, 3, 16, 224, 224),
+                            classification_loss, 4),
     # ---------------------------------------------------------------- diffusers
     "diffusers_unet_sd15": ZooModel("diffusers", "diffusion",
                                     "Stable Diffusion 1.x UNet2DConditionModel, real size, 64x64 latents (512 px)",
@@ -600,6 +965,42 @@ ZOO: dict[str, ZooModel] = {
                                  sd_vae, vae_input, sample_loss, 1),
     "diffusers_dit_s2": ZooModel("diffusers", "diffusion", "DiT-S/2 (DiTTransformer2DModel), real size, 32x32 latents",
                                  dit_s2, dit_input, sample_loss, 2),
+    "diffusers_unet_sdxl": ZooModel("diffusers", "diffusion",
+                                    "SDXL UNet2DConditionModel, real size (320/640/1280 channels, 1/2/10 transformer "
+                                    "layers, text_time conditioning), 128x128 latents (1024 px)",
+                                    diffusers_model("UNet2DConditionModel", sample_size=128, in_channels=4,
+                                                    out_channels=4, block_out_channels=(320, 640, 1280),
+                                                    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D",
+                                                                      "CrossAttnDownBlock2D"),
+                                                    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
+                                                                    "UpBlock2D"),
+                                                    transformer_layers_per_block=(1, 2, 10),
+                                                    attention_head_dim=(5, 10, 20), cross_attention_dim=2048,
+                                                    addition_embed_type="text_time", addition_time_embed_dim=256,
+                                                    projection_class_embeddings_input_dim=2816,
+                                                    use_linear_projection=True, layers_per_block=2),
+                                    sdxl_unet_input, sample_loss, 1),
+    "diffusers_sd3_4l": ZooModel("diffusers", "diffusion",
+                                 "SD3-medium MMDiT reduced to 4 of 24 layers (24 heads of 64, joint dim 4096), "
+                                 "128x128x16 latents (1024 px), 154 text tokens",
+                                 diffusers_model("SD3Transformer2DModel", sample_size=128, patch_size=2, in_channels=16,
+                                                 num_layers=4, attention_head_dim=64, num_attention_heads=24,
+                                                 joint_attention_dim=4096, caption_projection_dim=1536,
+                                                 pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192),
+                                 sd3_input, sample_loss, 2),
+    "diffusers_flux_tiny": ZooModel("diffusers", "diffusion",
+                                    "Flux.1 transformer reduced to 2 double + 4 single blocks (24 heads of 128, "
+                                    "guidance embedding), 1024 image tokens (512 px), 256 text tokens",
+                                    diffusers_model("FluxTransformer2DModel", patch_size=1, in_channels=64,
+                                                    num_layers=2, num_single_layers=4, attention_head_dim=128,
+                                                    num_attention_heads=24, joint_attention_dim=4096,
+                                                    pooled_projection_dim=768, guidance_embeds=True,
+                                                    axes_dims_rope=(16, 56, 56)),
+                                    flux_input, sample_loss, 1),
+    "diffusers_autoencoder_tiny": ZooModel("diffusers", "diffusion",
+                                           "AutoencoderTiny (TAESD, config defaults), 512 px, reconstruction MSE",
+                                           diffusers_model("AutoencoderTiny"),
+                                           lambda b: {"sample": torch.randn(b, 3, 512, 512)}, reconstruction_loss, 8),
     # ---------------------------------------------------------------- peft
     "peft_lora_gpt2": ZooModel("peft", "LoRA fine-tune", "LoRA r=8 on c_attn of GPT-2 small (real size), seq 512",
                                lora(hf("GPT2Config", "GPT2LMHeadModel"), ["c_attn"]), lm_tokens(512, 50257),
@@ -609,6 +1010,31 @@ ZOO: dict[str, ZooModel] = {
                                     lora(hf("LlamaConfig", "LlamaForCausalLM", vocab_size=32000, **TINYLLAMA),
                                          ["q_proj", "v_proj"]),
                                     lm_tokens(512, 32000), model_loss, 1),
+    "peft_lora16_llama32_1b": ZooModel("peft", "LoRA fine-tune",
+                                       "LoRA r=16 (alpha 32) on all linear layers of Llama-3.2-1B (real size: 16 x "
+                                       "2048, GQA 8, tied), seq 1024",
+                                       adapter(hf("LlamaConfig", "LlamaForCausalLM", vocab_size=128256,
+                                                  hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                                  num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                                                  tie_word_embeddings=True, max_position_embeddings=131072),
+                                               "LoraConfig", r=16, lora_alpha=32, lora_dropout=0.05,
+                                               target_modules="all-linear"),
+                                       lm_tokens(1024, 128256), model_loss, 4),
+    "peft_ia3_qwen2_0_5b": ZooModel("peft", "IA3 fine-tune",
+                                    "IA3 on k_proj, v_proj and down_proj of Qwen2-0.5B (real size), seq 1024",
+                                    adapter(hf("Qwen2Config", "Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
+                                               intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                               num_key_value_heads=2, tie_word_embeddings=True),
+                                            "IA3Config", target_modules=["k_proj", "v_proj", "down_proj"],
+                                            feedforward_modules=["down_proj"]),
+                                    lm_tokens(1024, 151936), model_loss, 4),
+    "peft_prefix_gpt2_medium": ZooModel("peft", "prefix tuning",
+                                        "prefix tuning (30 virtual tokens, MLP reparametrisation) on GPT-2 medium "
+                                        "(real size: 24 x 1024), seq 512",
+                                        adapter(hf("GPT2Config", "GPT2LMHeadModel", n_embd=1024, n_layer=24, n_head=16),
+                                                "PrefixTuningConfig", num_virtual_tokens=30, prefix_projection=True,
+                                                encoder_hidden_size=512),
+                                        lm_tokens(512, 50257, mask=True), model_loss, 8),
     # ---------------------------------------------------------------- plain torch
     "torch_lstm_lm": ZooModel("torch", "RNN", "2-layer LSTM LM (10k vocab, 512 wide), seq 64", LSTMLanguageModel,
                               lambda b: torch.randint(0, 10000, (b, 64)), lstm_loss, 8),
