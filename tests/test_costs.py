@@ -248,6 +248,10 @@ def test_in_place_metadata_and_pointwise_ops_are_counted() -> None:
     assert cost.counted and cost.flops == 24  # 4 x 6 elements, one each
     assert op_cost(torch.ops.aten.eye.default, (3,), {}, torch.eye(3)).counted
     assert op_cost(torch.ops.aten._is_all_true.default, (x > 0,), {}, torch.tensor(True)).counted
+    # Longformer's flip, RAFT's and Mask2Former's linspace: data movement; prod: one FLOP per input element (24)
+    assert op_cost(torch.ops.aten.flip.default, (x, [0]), {}, x.flip(0)).counted
+    assert op_cost(torch.ops.aten.linspace.default, (0.0, 1.0, 5), {}, torch.linspace(0, 1, 5)).counted
+    assert op_cost(torch.ops.aten.prod.default, (x,), {}, x.prod()).flops == 24
 
 
 def test_segmentation_and_mobile_ops_are_counted() -> None:

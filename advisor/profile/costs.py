@@ -441,7 +441,8 @@ def softmax_backward_flops(args: tuple, named: dict, out: Any) -> float:
 
 
 @register(*_ops("sum", "mean", "amax", "amin", "norm", "linalg_vector_norm", "var_mean", "var", "std", "cumsum",
-                "histc", "topk", "floor_divide", "max", "min", "argmax", "argmin", "any", "all", "_unique2"))
+                "histc", "topk", "floor_divide", "max", "min", "argmax", "argmin", "any", "all", "_unique2", "prod",
+                "cumprod"))
 def reduction_flops(args: tuple, named: dict, out: Any) -> float:
     """One FLOP per input element."""
     return float(args[0].numel())
@@ -740,7 +741,7 @@ DATA_OPS = set(
         "randperm", "masked_select", "diagonal_copy", "diagonal_backward", "uniform_", "normal_",
         "scatter_", "masked_scatter", "masked_scatter_", "masked_scatter_backward", "max_pool3d_with_indices",
         "max_pool3d_with_indices_backward", "avg_pool3d", "avg_pool3d_backward", "eye", "_is_all_true",
-        "_is_any_true",
+        "_is_any_true", "flip", "linspace",
     )
 )
 """Ops that move data but do (next to) no arithmetic: counted with 0 FLOPs and their bytes."""
