@@ -298,7 +298,8 @@ def _summary(estimate: Estimate) -> list[str]:
     by_time, by_cost, pareto = estimate.by_time(), estimate.by_cost(), estimate.pareto()
     if by_time:
         best = by_time[0]
-        rate = "" if best.throughput_tokens_per_s is None else f"{best.throughput_tokens_per_s:,.0f} tokens/s, "
+        tokens = best.throughput_tokens_per_s
+        rate = "" if tokens is None else f"{speed(best.throughput, tokens, estimate.model.sample_unit)}, "
         mfu = "" if best.mfu is None else f", {best.mfu:.0%} MFU"
         lines.append(f"Fastest: {best.id}, {plan_duration(best.time_to_train_s)} ({rate}{best.step.bound}-bound{mfu})")
         advice = channels_last_advice(estimate, best)

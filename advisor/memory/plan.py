@@ -262,9 +262,7 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
                     "machine with more memory") from exc
         progress(f"tracing again at batch {batch // 2} instead: at batch {2 * batch} its step run for real "
                  "outgrew this machine")
-        found = trace_for_memory(model, settings, batch // 2, attention)
-        trace_cache.store(_cache_key(model, settings, batch // 2, attention), found)
-        return found
+        return trace_for_memory(model, settings, batch // 2, attention)  # which stores it in the trace cache
 
     if trace is not None or not (parallel and can_fork()):
         if trace is None:
