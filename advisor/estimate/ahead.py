@@ -15,9 +15,10 @@ slow, everything is done here, as without it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from advisor.estimate.parallel import LayoutMemory
+from advisor.memory.estimate import StepMemory
 from advisor.parallel.strategy import Layout
 from advisor.profile.background import CHILD_GRACE_S, JobChannel, Served
 from advisor.profile.trace import StepTrace
@@ -31,17 +32,28 @@ def item_of(kind: str, layout: Layout) -> Item:
     return kind, LayoutMemory.key(layout)
 
 
-def layouts_job(second: StepTrace, first: StepTrace, wanted: Sequence[tuple[str, Layout]],
-                channel: JobChannel) -> None:
+def layouts_job(second: StepTrace, first: StepTrace | None, wanted: Sequence[tuple[str, Layout]],
+                made: dict[tuple[str, bool, int, int], StepMemory], channel: JobChannel) -> None:
     """In the serving child, which traced `second`: each of `wanted` in turn, as LayoutMemory of `first` and
-    `second` makes it, sent to the parent; those the parent did itself are skipped."""
-    memory = LayoutMemory(first, second)
+    `second` makes it, sent to the parent; those the parent did itself are skipped. `made`: the steps the
+    parent re-played already (LayoutMemory.made_steps), not re-played here. `first` is None where no item
+    needs it (needs_first): then `second` stands in for it, and only its own memory is read."""
+    assert first is not None or not needs_first(wanted, made), "an item needs the first step"
+    memory = LayoutMemory(second if first is None else first, second, {"steps": made})
     for kind, layout in wanted:
         item = item_of(kind, layout)
         if channel.skipped(item):
             continue
         channel.starting(item)
         channel.emit(item, memory.step(layout) if kind == "step" else memory.batch_model(layout))
+
+
+def needs_first(wanted: Sequence[tuple[str, Layout]], made: Collection[tuple[str, bool, int, int]]) -> bool:
+    """Whether re-playing `wanted` reads the first step: a layout's step does, and a line whose step is not
+    among `made` or whose tensor-parallel plan is the first step's (tp > 1); a line of a step made needs only
+    the second. (Llama-3-70B over every GPU asks the child for one GPU's line alone: its 2.4 MB first step
+    was sent for nothing, and its one-GPU step re-played there a second time.)"""
+    return any(kind == "step" or layout.tp > 1 or LayoutMemory.key(layout) not in made for kind, layout in wanted)
 
 
 class LayoutsAhead:
@@ -61,8 +73,11 @@ class LayoutsAhead:
     @classmethod
     def start(cls, served: Served, memory: LayoutMemory, trace: StepTrace,
               wanted: Sequence[tuple[str, Layout]]) -> LayoutsAhead | None:
-        """Send the child `trace` (the step the layouts are of) and `wanted`; None where it cannot take them."""
-        if not wanted or not served.submit(layouts_job, trace, list(wanted)):
+        """Send the child `wanted`, the steps `memory` re-played already, and `trace` (the step the layouts are
+        of) where an item needs it; None where it cannot take them."""
+        made = memory.made_steps()
+        first = trace if needs_first(wanted, made) else None
+        if not wanted or not served.submit(layouts_job, first, list(wanted), made):
             return None
         return cls(served, memory, wanted)
 

@@ -363,6 +363,10 @@ class LayoutMemory:
                                                 self.sharding_for(layout.tp, second=True)))
         self._lines[key] = BatchMemoryModel(self.step(layout), second)
 
+    def made_steps(self) -> dict[tuple[str, bool, int, int], StepMemory]:
+        """Each layout's step re-played so far, by key."""
+        return dict(self._steps)
+
     def has(self, item: tuple[str, tuple[str, bool, int, int]]) -> bool:
         """Whether a ("step" | "line", key) item is made (LayoutsAhead)."""
         kind, key = item

@@ -897,7 +897,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         if real:
             model = _build_for_real(setup, inputs)
         else:
-            model = _build_on_fake(setup, memory) if on_meta is None else on_meta
+            model = _build_on_fake(setup, memory, fake_mode) if on_meta is None else on_meta
         if on_meta is not None:
             fake_twins(model)
         built = _Built(modes, model, memory, fake_mode, inputs)
@@ -1159,7 +1159,7 @@ def _total_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) + quantized
 
 
-def _build_on_fake(setup: _Setup, memory: LiveMemoryTracker) -> torch.nn.Module:
+def _build_on_fake(setup: _Setup, memory: LiveMemoryTracker, fake_mode: FakeTensorMode) -> torch.nn.Module:
     """build_model() inside the current FakeTensorMode, `memory` registering the weights (run by
     ValuesLeftUnwritten: one dispatch layer for both); _ConstructorNeedsValues when it fails there:
     it computes with a tensor's values, or makes tensors fake mode cannot (`nn.LazyLinear`'s
@@ -1167,7 +1167,7 @@ def _build_on_fake(setup: _Setup, memory: LiveMemoryTracker) -> torch.nn.Module:
     the user's error if there is one."""
     try:
         with user_code("build_model()", setup.source, DATA_DEPENDENT_ERRORS), fake_tensor_conversions(), \
-                memory.run_by_caller(), ValuesLeftUnwritten(memory):
+                memory.run_by_caller(), ValuesLeftUnwritten(memory, fake_mode):
             model = setup.build_model()
     except (*DATA_DEPENDENT_ERRORS, UserCodeError) as exc:
         raise _ConstructorNeedsValues from exc
