@@ -145,3 +145,47 @@ def test_no_tensor_parallel_layout_is_listed_for_a_model_it_cannot_split() -> No
         settings = EstimateSettings(memory, Job(samples=800, epochs=1), num_gpus=8, parallel=parallel)
         listed = likely_layouts(db, targets, settings, layouts, StepMemory.of_trace(first))
         assert sum(layout.gpus == 8 for _, layout in listed) == expected  # auto: 4 strategies' steps and lines
+
+
+def test_the_child_is_sent_the_first_step_only_where_an_item_reads_it() -> None:
+    # a line of a step this process re-played needs only the second step (Llama-3-70B over every GPU: one GPU's
+    # line alone); a step, a line of a step not made here, or a tensor-parallel line reads the first
+    from advisor.estimate.ahead import needs_first
+    from advisor.estimate.parallel import LayoutMemory
+
+    one = Layout("ddp", 1, 1)
+    made = {LayoutMemory.key(one), LayoutMemory.key(FSDP2)}
+    assert not needs_first([("line", one)], made)
+    assert not needs_first([("line", one), ("line", FSDP2)], made)
+    assert needs_first([("line", one), ("step", FSDP4)], made)
+    assert needs_first([("line", FSDP4)], made)
+    assert needs_first([("line", Layout("fsdp", 4, 8, 2))], made | {LayoutMemory.key(Layout("fsdp", 4, 8, 2))})
+
+
+@pytest.mark.skipif(not can_fork(), reason="needs fork, two CPUs and no other thread")
+def test_one_gpus_line_made_by_the_child_without_the_first_step_is_the_one_made_here(monkeypatch) -> None:
+    # GPT-2 small fits one H100: the child is asked for one GPU's line alone and sent no first step (None in
+    # the job's arguments); the estimate is the one made with no child
+    import advisor.estimate.plan as estimate_plan
+    from advisor.app.plan import plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+    from advisor.profile import background
+
+    if not can_fork():
+        pytest.skip("a backward ran in this process on a torch build with autograd device threads")
+    sent: list[tuple] = []
+    submit = background.Served.submit
+    monkeypatch.setattr(background.Served, "submit", lambda self, *args: sent.append(args) or submit(self, *args))
+    request = PlanRequest(model="gpt2_small", gpus=("h100-sxm",), plans="never", input_pipeline=False)
+    db = load_hwdb()
+    ahead = plan(request, db)
+    assert len(sent) == 1
+    _, first, wanted, made = sent[0]
+    assert first is None and [kind for kind, _ in wanted] == ["line"] and len(made) == 1
+    monkeypatch.setattr(background, "can_fork", lambda: False)
+    monkeypatch.setattr("advisor.memory.plan.can_fork", lambda: False)
+    alone = plan(request, db)
+    assert ahead.results[0].memory.max_batch_size == alone.results[0].memory.max_batch_size > 8
+    assert json.dumps(ahead.to_dict(), sort_keys=True, default=str) == \
+        json.dumps(alone.to_dict(), sort_keys=True, default=str)

@@ -148,3 +148,65 @@ def test_initialisers_write_no_values_into_fake_tensors() -> None:
     assert "uniform_.default" not in seen.names and seen.names.count("fill_.Scalar") == 1
     assert seen.names.count("empty.memory_format") == 4 and linear.weight.shape == (5, 4)
     assert known.constant is not None and known.constant.item() == 5.0
+
+
+def test_parameters_made_without_fake_modes_dispatch_are_the_tensors_it_makes() -> None:
+    # fake_directly makes a CPU factory's tensor and Parameter's detach as FakeTensorMode does, without its
+    # dispatch: the same class, shape, strides, dtype, device, storage and mode; a view shares its storage
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from advisor.profile.build import ValuesLeftUnwritten, fake_directly
+
+    aten = torch.ops.aten
+
+    def described(tensor: torch.Tensor) -> tuple:
+        return (type(tensor), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device,
+                tensor.untyped_storage().nbytes(), tensor.requires_grad, tensor.fake_mode)
+
+    with FakeTensorMode() as mode:
+        cases = [(aten.empty.memory_format, ([3, 4],), {"dtype": torch.bfloat16}),
+                 (aten.empty.memory_format, ([2, 3, 4, 5],), {"memory_format": torch.channels_last}),
+                 (aten.ones.default, ([7],), {}), (aten.zeros.default, ([2, 2],), {"device": torch.device("cpu")})]
+        for func, args, kwargs in cases:
+            direct = fake_directly(mode, func, args, kwargs)
+            assert direct is not None, func
+            assert described(direct(*args, **kwargs)) == described(func(*args, **kwargs)), func
+        weight = torch.empty(5, 4)
+        detach = fake_directly(mode, aten.detach.default, (weight,), {})
+        assert detach is not None
+        view = detach(weight)
+        assert described(view) == described(aten.detach.default(weight))
+        assert view.untyped_storage() is weight.untyped_storage()
+        # not made directly: another device, pinned memory, another op, a tensor carrying a constant
+        assert fake_directly(mode, aten.empty.memory_format, ([3],), {"device": torch.device("meta")}) is None
+        assert fake_directly(mode, aten.empty.memory_format, ([3],), {"pin_memory": True}) is None
+        assert fake_directly(mode, aten.add.Tensor, (weight, weight), {}) is None
+        known = torch.tensor(3.0)
+        assert known.constant is not None and fake_directly(mode, aten.detach.default, (known,), {}) is None
+        with ValuesLeftUnwritten(fake_mode=mode):
+            linear = nn.Linear(4, 5)
+    assert isinstance(linear.weight, FakeTensor) and isinstance(linear.weight, nn.Parameter)
+    assert linear.weight.requires_grad and linear.weight.shape == (5, 4) and linear.bias.shape == (5,)
+
+
+def test_a_build_registers_the_same_storages_with_parameters_made_directly_or_dispatched() -> None:
+    # the live-memory tracker sees a Llama layer's weights alike either way: sizes, order, op, category
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from advisor.profile.build import ValuesLeftUnwritten
+    from advisor.profile.live_memory import LiveMemoryTracker
+    from examples.llama import CONFIG, DecoderLayer
+
+    def storages(direct: bool) -> list[tuple]:
+        with FakeTensorMode() as mode, LiveMemoryTracker() as memory:
+            with memory.run_by_caller(), ValuesLeftUnwritten(memory, mode if direct else None):
+                layer = DecoderLayer(CONFIG)
+            memory.open_step()
+            found = memory.close_step()
+        assert sum(p.numel() for p in layer.parameters()) == 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+        return [(s.nbytes, s.allocated_at, s.op, s.category) for s in found.storages]
+
+    assert storages(direct=True) == storages(direct=False)
+    assert len(storages(direct=True)) == 9  # 7 projections, 2 norms: one storage each
