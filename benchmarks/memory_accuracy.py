@@ -207,7 +207,7 @@ def published_rows() -> tuple[list[tuple[str, float, float, float]], list[str]]:
             micro, precision, optimizer, checkpointing = HF_VARIANTS[variant]
             build, inputs, loss = model
             trace = trace_training_step(build, inputs, micro, precision, optimizer, loss, checkpointing=checkpointing,
-                                        accumulate_gradients="grad_accum" in variant)
+                                        accumulate_gradients="grad_accum" in variant, attention="cuda")  # as a GPU runs it
             result = device_memory(StepMemory.of_trace(trace), gpu, db.memory_overhead(gpu),
                                    cuda_context_bytes=HF_CUDA_CONTEXT_MB * MIB, capped=capped_replay(trace.memory))
             formula = parameter_formula_bytes(trace.params, precision, optimizer) + HF_CUDA_CONTEXT_MB * MIB

@@ -794,8 +794,9 @@ def _estimate_traced(model: ModelFile, db: HardwareDB, targets: Sequence[Estimat
     batch_model = layouts.batch_model(ONE_GPU)
     assert batch_model is not None
     cpu_trace, cpu_batch_model, cpu_step = trace, batch_model, step
-    if trace.fused_attention_dropout and any(target.device.kind != "gpu" for target in targets):
-        # a CPU runs attention with dropout on its math path (profile/attention.py): traced that way
+    if trace.cpu_runs_otherwise and any(target.device.kind != "gpu" for target in targets):
+        # a CPU runs attention with dropout on its math path (profile/attention.py), and autocast with its own
+        # policy (profile/cuda_autocast.py): traced that way
         cpu_trace, cpu_second = trace_both_batches(model, memory_settings, None, progress, attention="cpu")
         cpu_step, cpu_batch_model = step_memory(cpu_trace, cpu_second)
     progress(f"estimating {len(targets)} devices")

@@ -45,6 +45,7 @@ from advisor.profile.adapters import Adaptation, adapt
 from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, Served, backward_runs_here, can_fork
 from advisor.profile.build import ValuesLeftUnwritten, fake_twins, weights_on_meta
+from advisor.profile.cuda_autocast import cuda_autocast_policy
 from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, NormGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
 from advisor.profile.engine_sums import EngineSums
@@ -193,8 +194,8 @@ class StepTrace:
     """How the model was built: "fake" (inside FakeTensorMode) or "meta" (its constructor computes with
     tensor values: built on real tensors with its weights on the meta device, build.py)."""
     attention: str = "cpu"
-    """How scaled_dot_product_attention with dropout was traced: "cpu" (the math path, s x s tensors) or
-    "cuda" (as the fused CUDA kernels run it: attention.py)."""
+    """How the step was traced: "cpu" as a CPU runs it, or "cuda" as a GPU does: scaled_dot_product_attention
+    with dropout as the fused CUDA kernels run it (attention.py), autocast with CUDA's policy (cuda_autocast.py)."""
     fused_attention_dropout: int = 0
     """Attention calls with dropout traced as a fused kernel (attention "cuda"); 0 on the CPU path."""
     assumed_finite: int = 0
@@ -214,6 +215,13 @@ class StepTrace:
     repeats: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
     """(start, length, copies): records[start:start + length * copies] are `copies` runs of the same ops
     in a row (a repeated block's iterations, modules aside), for estimators that time a run once."""
+
+    @property
+    def cpu_runs_otherwise(self) -> bool:
+        """Whether a CPU runs this step otherwise than it was traced: traced as a GPU runs it, with attention
+        dropout's fused kernels or under autocast (whose policy differs)."""
+        return self.attention == "cuda" and (self.fused_attention_dropout > 0 or
+                                             precision_of(self.precision).autocast is not None)
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase (summed once per trace: estimate_device asks for them per
@@ -800,11 +808,17 @@ def trace_training_step(
         raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
     with signals_deferred():  # FakeTensorMode imports it on first use; native modules inside
         importlib.import_module("torch._dynamo")
-    with collector_paused():
+    with collector_paused(), autocast_policy(attention, precision):
         try:
             return _trace_with_either_inputs(setup)
         except _ConstructorNeedsValues:
             return _trace_with_either_inputs(replace(setup, construction="meta"))
+
+
+def autocast_policy(attention: str, precision: str) -> AbstractContextManager[None]:
+    """Under an autocast precision, CUDA's autocast policy for a step traced as a GPU runs it (attention
+    "cuda": cuda_autocast.py); else CPU autocast's own."""
+    return cuda_autocast_policy() if attention == "cuda" and precision_of(precision).autocast else nullcontext()
 
 
 NUMPY_OF_A_FAKE_TENSOR = ".numpy() is not supported for tensor subclasses"

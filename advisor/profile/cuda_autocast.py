@@ -1,0 +1,169 @@
+"""CUDA's autocast policy on a CPU trace: the ops a GPU's autocast runs in fp32 are run in fp32 here too.
+
+The tracer runs a GPU target's step on CPU (fake) tensors under `torch.autocast("cpu")`, whose op lists are
+not CUDA's. CUDA's autocast (ATen/autocast_mode.h, the AT_FORALL_* lists, with which the AutocastCUDA kernels
+are registered) computes softmax and log_softmax, layer and group norm, exp, log, pow, rsqrt, sums, cumulative
+sums, norms and upsampling in fp32, and promotes the operands of addcmul, index_put, scatter_add and others to
+the widest; CPU's autocast leaves all of them in the low-precision dtype. The difference is memory a GPU
+holds: a BERT layer's attention probabilities (batch x heads x seq x seq) saved in fp32, a layer norm's fp32
+output and its input's fp32 copy saved for the backward. Within `cuda_autocast_policy()` the AutocastCPU
+kernels of those ops are CUDA's policies (the same casts, made by the same dispatcher key's kernels, so the
+step records them as the GPU makes them):
+
+- fp32: every floating operand that is not fp32 or fp64 is cast to fp32 (`cached_cast(at::kFloat, ...)`);
+- fp32_set_opt_dtype: where the first tensor operand is floating (not fp64) and the op's `dtype` is not
+  given, it is given as fp32 (softmax, sum: the op casts inside and returns fp32);
+- fp32_append_dtype: `norm` gets dtype fp32 (its overload with a dtype);
+- promote: the floating operands are cast to the widest floating dtype among them and autocast's.
+
+CUDA's lower-precision list is left to CPU's own: the ops through which training steps reach it (linear,
+matmul, mm, bmm, baddbmm, addmm, conv*, scaled_dot_product_attention) are on both; those on CUDA's alone are
+composites that reach them (einsum, chain_matmul, RNN cells) or that training steps do not use (addmv, addr,
+mv). CPU's own fp32 entries that CUDA lacks (pool3d, linalg, fft, cross_entropy_loss, whose pieces CUDA runs
+in fp32 anyway) stay as they are. The registrations are process-wide while the block runs: traces for CPU
+targets run outside it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm",
+    "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
+    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp", "upsample_nearest1d",
+    "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d",
+    "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+)
+"""CUDA's fp32 policy (AT_FORALL_FP32 of torch 2.13's ATen/autocast_mode.h): operator.overload names."""
+
+FP32_SET_OPT_DTYPE = (
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
+    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+)
+"""CUDA's fp32_set_opt_dtype policy (AT_FORALL_FP32_SET_OPT_DTYPE)."""
+
+FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+"""CUDA's fp32_append_dtype policy (AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE): an overload -> the one it
+redispatches to with dtype fp32 appended."""
+
+PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
+           "tensordot", "scatter_add")
+"""CUDA's promote policy (AT_FORALL_PROMOTE)."""
+
+_BELOW_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+def overload(name: str) -> torch._ops.OpOverload | None:
+    """aten's `op.overload` ("" for the default), None where this torch has no such operator."""
+    op, _, variant = name.partition(".")
+    packet = getattr(torch.ops.aten, op, None)
+    if packet is None:
+        return None
+    return getattr(packet, variant or "default", None)
+
+
+def _lowered(value: Any) -> bool:
+    """Whether `value` is a tensor autocast would cast: floating, neither fp32 nor fp64."""
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and \
+        value.dtype not in (torch.float32, torch.float64)
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    """`value` cast to `dtype` where it is a floating tensor other than fp64 (cached_cast's eligibility), tensor
+    lists element by element."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype not in (dtype, torch.float64) else value
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def _fp32(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
+            return op(*(_cast(a, torch.float32) for a in args), **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+    return kernel
+
+
+def _fp32_set_opt_dtype(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        tensors = _tensors(args, kwargs)
+        first = tensors[0] if tensors else None
+        if first is not None and first.is_floating_point() and first.dtype != torch.float64 and \
+                kwargs.get("dtype") is None:
+            kwargs = kwargs | {"dtype": torch.float32}
+        with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _fp32_append_dtype(op: torch._ops.OpOverload, with_dtype: torch._ops.OpOverload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        tensors = _tensors(args, kwargs)
+        with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
+            if tensors and tensors[0].is_floating_point() and tensors[0].dtype != torch.float64:
+                return with_dtype(*args, **kwargs, dtype=torch.float32)
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _promote(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        widest = torch.get_autocast_dtype("cpu")
+        for tensor in _tensors(args, kwargs):
+            if tensor.is_floating_point() and tensor.dtype != torch.float64:
+                widest = torch.promote_types(widest, tensor.dtype)
+        with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
+            return op(*(_cast(a, widest) for a in args), **{k: _cast(v, widest) for k, v in kwargs.items()})
+    return kernel
+
+
+def policy_kernels() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
+    """Each listed operator this torch has -> its AutocastCPU kernel under CUDA's policy."""
+    kernels: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
+    for names, make in ((FP32, _fp32), (FP32_SET_OPT_DTYPE, _fp32_set_opt_dtype), (PROMOTE, _promote)):
+        for name in names:
+            op = overload(name)
+            if op is not None:
+                kernels[op] = make(op)
+    for name, redispatched in FP32_APPEND_DTYPE.items():
+        op, with_dtype = overload(name), overload(redispatched)
+        if op is not None and with_dtype is not None:
+            kernels[op] = _fp32_append_dtype(op, with_dtype)
+    return kernels
+
+
+@contextmanager
+def cuda_autocast_policy() -> Iterator[None]:
+    """Within the block, CPU autocast casts as CUDA's does (the module docstring); the kernels are registered
+    with the dispatcher on entry and removed on exit (the CPU's own then run again)."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():  # prod, cdist and the losses have CPU kernels: replaced on purpose
+            warnings.simplefilter("ignore")
+            for op, kernel in policy_kernels().items():
+                library.impl(op, kernel, "AutocastCPU")
+        yield
+    finally:
+        library._destroy()
