@@ -46,6 +46,19 @@ def test_under_cudas_policy_the_ops_it_lists_run_in_fp32_and_the_cpus_own_return
     assert dtypes_under_autocast() == cpu  # the kernels are removed on exit
 
 
+def test_a_dtype_given_positionally_or_by_keyword_is_kept_and_a_missing_one_is_fp32() -> None:
+    # softmax's and log_softmax's dtype is positional in their schemas, sum's and cumsum's keyword-only: Hugging
+    # Face's eager attention calls softmax(x, dim=-1, dtype=torch.float32)
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    with cuda_autocast_policy(), torch.autocast("cpu", dtype=bf16):
+        h = torch.randn(4, 8) @ torch.randn(8, 8)
+        assert [F.softmax(h, -1).dtype, F.softmax(h, -1, dtype=fp32).dtype, F.softmax(h, -1, dtype=bf16).dtype] == \
+            [fp32, fp32, bf16]
+        assert [torch.log_softmax(h, -1, fp16).dtype, torch.log_softmax(h, -1).dtype] == [fp16, fp32]
+        assert [h.sum(dtype=bf16).dtype, h.sum(0).dtype, h.cumsum(0, dtype=fp16).dtype, h.cumsum(0).dtype] == \
+            [bf16, fp32, fp16, fp32]
+
+
 def test_a_backward_runs_through_the_policys_kernels() -> None:
     weight = torch.randn(8, 8, requires_grad=True)
     with cuda_autocast_policy():

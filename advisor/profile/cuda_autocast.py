@@ -4,9 +4,10 @@ The tracer runs a GPU target's step on CPU (fake) tensors under `torch.autocast(
 not CUDA's. CUDA's autocast (ATen/autocast_mode.h, the AT_FORALL_* lists, with which the AutocastCUDA kernels
 are registered) computes softmax and log_softmax, layer and group norm, exp, log, pow, rsqrt, sums, cumulative
 sums, norms and upsampling in fp32, and promotes the operands of addcmul, index_put, scatter_add and others to
-the widest; CPU's autocast leaves all of them in the low-precision dtype. The difference is memory a GPU
-holds: a BERT layer's attention probabilities (batch x heads x seq x seq) saved in fp32, a layer norm's fp32
-output and its input's fp32 copy saved for the backward. Within `cuda_autocast_policy()` the AutocastCPU
+the widest; CPU's autocast leaves all of them in the low-precision dtype. The difference is memory and time a
+GPU spends where a model feeds those ops low-precision tensors: attention probabilities (batch x heads x seq x
+seq) of `(q @ k.T).softmax()` saved in fp32, GroupNorm's fp32 copy of a convolution's output and its fp32
+output, fp32 upsampling in a UNet. Within `cuda_autocast_policy()` the AutocastCPU
 kernels of those ops are CUDA's policies (the same casts, made by the same dispatcher key's kernels, so the
 step records them as the GPU makes them):
 
@@ -73,12 +74,6 @@ def overload(name: str) -> torch._ops.OpOverload | None:
     return getattr(packet, variant or "default", None)
 
 
-def _lowered(value: Any) -> bool:
-    """Whether `value` is a tensor autocast would cast: floating, neither fp32 nor fp64."""
-    return isinstance(value, torch.Tensor) and value.is_floating_point() and \
-        value.dtype not in (torch.float32, torch.float64)
-
-
 def _cast(value: Any, dtype: torch.dtype) -> Any:
     """`value` cast to `dtype` where it is a floating tensor other than fp64 (cached_cast's eligibility), tensor
     lists element by element."""
@@ -87,6 +82,15 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
         return type(value)(_cast(v, dtype) for v in value)
     return value
+
+
+def _dtype_position(op: torch._ops.OpOverload) -> int | None:
+    """Where `op`'s `dtype` argument comes among the positional arguments a kernel is handed (None: it comes
+    as a keyword: keyword-only, as `sum`'s, or absent)."""
+    for index, argument in enumerate(op._schema.arguments):
+        if argument.name == "dtype":
+            return None if argument.kwarg_only else index
+    return None
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -102,17 +106,23 @@ def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 def _fp32(op: torch._ops.OpOverload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
-            return op(*(_cast(a, torch.float32) for a in args), **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+            return op(*(_cast(a, torch.float32) for a in args),
+                      **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
     return kernel
 
 
 def _fp32_set_opt_dtype(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    position = _dtype_position(op)  # softmax's and log_softmax's is positional, sum's and cumsum's keyword-only
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         tensors = _tensors(args, kwargs)
         first = tensors[0] if tensors else None
-        if first is not None and first.is_floating_point() and first.dtype != torch.float64 and \
-                kwargs.get("dtype") is None:
-            kwargs = kwargs | {"dtype": torch.float32}
+        if first is not None and first.is_floating_point() and first.dtype != torch.float64:
+            if position is not None and position < len(args):
+                if args[position] is None:
+                    args = (*args[:position], torch.float32, *args[position + 1:])
+            elif kwargs.get("dtype") is None:
+                kwargs = kwargs | {"dtype": torch.float32}
         with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
             return op(*args, **kwargs)
     return kernel
