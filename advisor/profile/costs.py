@@ -653,6 +653,36 @@ def index_add_flops(args: tuple, named: dict, out: Any) -> float:
     return float(named["source"].numel())
 
 
+SCAN_FLOPS_PER_STATE = 8
+"""Mamba's selective scan forward, per token, channel and state: the decay exp(delta x A) (a multiply, an exp),
+the drive delta x B x u (two multiplies), the state update (a multiply-add) and the output's C . state (a
+multiply-add) (mamba_ssm's selective_scan_ref, one step of its loop)."""
+
+SCAN_FLOPS_PER_CHANNEL = 10
+"""And per token and channel: delta's bias and softplus, the D skip (a multiply-add) and the z gate (silu and
+a multiply)."""
+
+SCAN_BACKWARD_OVER_FORWARD = 2.5
+"""The backward kernel recomputes the forward's states chunk by chunk and runs the reverse recurrence with
+the gradients of the state, delta, A, B, C and u (about one and a half times the forward's work again)."""
+
+
+@register("advisor::selective_scan")
+def selective_scan_flops(args: tuple, named: dict, out: Any) -> float:
+    """Mamba's fused selective scan (profile/selective_scan.py): u is batch x channels x tokens, A channels x
+    states.
+
+    # u 2 x 128 x 64, 16 states: 2*128*64 * (8*16 + 10) = 2,260,992 FLOPs
+    """
+    batch, channels, tokens = named["u"].shape
+    return float(batch * channels * tokens * (SCAN_FLOPS_PER_STATE * named["A"].shape[1] + SCAN_FLOPS_PER_CHANNEL))
+
+
+@register("advisor::selective_scan_backward")
+def selective_scan_backward_flops(args: tuple, named: dict, out: Any) -> float:
+    return SCAN_BACKWARD_OVER_FORWARD * selective_scan_flops(args, named, out)
+
+
 ROI_ALIGN_SAMPLES = 4
 """Sampling points per output bin of RoIAlign when the call leaves them adaptive (sampling_ratio <= 0):
 2 x 2, what torchvision's detection heads pass explicitly."""

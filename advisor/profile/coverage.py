@@ -76,8 +76,18 @@ def trace_summary(trace: StepTrace) -> dict[str, Any]:
 
 
 def trace_notes(trace: StepTrace) -> list[str]:
-    """The lines an interface ends with: the coverage warning and the real-run note, those that apply."""
-    return [note for note in (coverage_of(trace).warning(), trace.values_note()) if note]
+    """The lines an interface ends with: the coverage warning, the real-run note and the fused-scan note, those
+    that apply."""
+    return [note for note in (coverage_of(trace).warning(), trace.values_note(), fused_scan_note(trace)) if note]
+
+
+def fused_scan_note(trace: StepTrace) -> str | None:
+    """What a trace whose Mamba scans were costed as mamba_ssm's fused kernel assumes (profile/selective_scan.py)."""
+    scans = sum(record.op == "selective_scan" for record in trace.records)
+    if not scans:
+        return None
+    return (f"Mamba's selective scans ({scans} per step) are estimated as mamba_ssm's fused kernel, as GPUs train "
+            "them: without mamba_ssm installed, transformers runs them as a loop over the tokens, many times slower")
 
 
 def coverage_of(trace: StepTrace) -> Coverage:

@@ -46,6 +46,7 @@ from advisor.profile.attention import ATTENTION_PATHS, FusedAttentionDropout
 from advisor.profile.background import CHILD_GRACE_S, ForkedCall, Served, backward_runs_here, can_fork
 from advisor.profile.build import ValuesLeftUnwritten, fake_twins, weights_on_meta
 from advisor.profile.cuda_autocast import cuda_autocast_policy
+from advisor.profile.selective_scan import FUSED_SCAN_OPS, fused_selective_scans
 from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, NormGeometry, named_arguments, op_cost
 from advisor.profile.dataflow import Dataflow, Flow
 from advisor.profile.engine_sums import EngineSums
@@ -219,9 +220,10 @@ class StepTrace:
     @property
     def cpu_runs_otherwise(self) -> bool:
         """Whether a CPU runs this step otherwise than it was traced: traced as a GPU runs it, with attention
-        dropout's fused kernels or under autocast (whose policy differs)."""
+        dropout's fused kernels, under autocast (whose policy differs) or with fused selective scans."""
         return self.attention == "cuda" and (self.fused_attention_dropout > 0 or
-                                             precision_of(self.precision).autocast is not None)
+                                             precision_of(self.precision).autocast is not None or
+                                             any(record.op in FUSED_SCAN_OPS for record in self.records))
 
     def flops(self, phase: str | None = None) -> float:
         """Total FLOPs of the step, or of one phase (summed once per trace: estimate_device asks for them per
@@ -815,6 +817,12 @@ def trace_training_step(
             return _trace_with_either_inputs(replace(setup, construction="meta"))
 
 
+def _scans_as_run(setup: _Setup) -> AbstractContextManager[None]:
+    """Mamba's selective scans as a GPU runs them, one fused kernel each (selective_scan.py), in a step traced as
+    a GPU runs it (attention "cuda"); else as the model's code runs them."""
+    return fused_selective_scans() if setup.attention == "cuda" else nullcontext()
+
+
 def autocast_policy(attention: str, precision: str) -> AbstractContextManager[None]:
     """Under an autocast precision, CUDA's autocast policy for a step traced as a GPU runs it (attention
     "cuda": cuda_autocast.py); else CPU autocast's own."""
@@ -919,7 +927,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         def step(at: _Setup) -> StepTrace:
             return _step_on(built, at, values, memory_limit, dedupe, trimmed)
 
-        with _sibling_beside(setup, values, step):
+        with _scans_as_run(setup), _sibling_beside(setup, values, step):  # the sibling forked with them
             return step(setup)
 
 
