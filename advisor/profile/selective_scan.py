@@ -4,7 +4,8 @@ Hugging Face's Mamba, Falcon-Mamba, Jamba and Zamba call a module-level `mamba_s
 D, z, delta_bias, delta_softplus, return_last_state)`: with `mamba_ssm` installed (how Mamba models are trained on
 GPUs) it is `selective_scan_fn`, one CUDA kernel over the sequence (SelectiveScanFn); without it, a Python loop
 over the tokens, about 14 ops per token and layer, each state of the recurrence (batch x dim x state, fp32)
-saved for the backward. Traced as it is, a step of Mamba-130M at 512 tokens made 54,960 ops and held every state.
+saved for the backward. Traced as it is, a step of Mamba-130M (batch 2 x 128 tokens, amp-bf16) made 54,960 ops
+and held 4,209 MiB at its peak; with the scan fused, 1,944 ops and 2,463 MiB.
 
 Within `fused_selective_scans()` (a GPU target's trace), those modules' `mamba_selective_scan` is `scan` below: the
 op `advisor::selective_scan`, whose fake kernel makes what `selective_scan_cuda.fwd` makes (the output in u's

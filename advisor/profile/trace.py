@@ -196,7 +196,8 @@ class StepTrace:
     tensor values: built on real tensors with its weights on the meta device, build.py)."""
     attention: str = "cpu"
     """How the step was traced: "cpu" as a CPU runs it, or "cuda" as a GPU does: scaled_dot_product_attention
-    with dropout as the fused CUDA kernels run it (attention.py), autocast with CUDA's policy (cuda_autocast.py)."""
+    with dropout as the fused CUDA kernels run it (attention.py), autocast with CUDA's policy (cuda_autocast.py),
+    Mamba's selective scans as mamba_ssm's fused kernel (selective_scan.py)."""
     fused_attention_dropout: int = 0
     """Attention calls with dropout traced as a fused kernel (attention "cuda"); 0 on the CPU path."""
     assumed_finite: int = 0
