@@ -132,3 +132,19 @@ def test_ten_mamba_layers_traced_once_and_replicated_give_the_full_traces_figure
     assert once.flops() == pytest.approx(full.flops(), rel=1e-9)
     assert once.memory is not None and full.memory is not None
     assert once.memory.peak().bytes == full.memory.peak().bytes
+
+
+@pytest.mark.skipif(mamba_module() is None, reason="a transformers whose Mamba calls mamba_selective_scan")
+def test_overlapping_blocks_give_the_modules_own_function_back_when_the_last_ends() -> None:
+    # a superseded TUI estimate may still trace while a new one starts: the first to end keeps the scan fused
+    # for the other, the last puts the module's function back
+    module = mamba_module()
+    original = module.mamba_selective_scan
+    first, second = scans.fused_selective_scans(), scans.fused_selective_scans()
+    first.__enter__()
+    second.__enter__()
+    assert module.mamba_selective_scan is scans.scan
+    first.__exit__(None, None, None)
+    assert module.mamba_selective_scan is scans.scan
+    second.__exit__(None, None, None)
+    assert module.mamba_selective_scan is original

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -164,14 +165,30 @@ def scan_modules() -> list[Any]:
     return found
 
 
+_patched: dict[Any, Any] = {}
+"""Each module whose `mamba_selective_scan` is `scan` now -> its own function."""
+_entered = 0
+"""fused_selective_scans() blocks running now (the TUI's superseded estimate may still trace beside a new one)."""
+_lock = threading.Lock()
+
+
 @contextmanager
 def fused_selective_scans() -> Iterator[None]:
-    """Within the block, the loaded Mamba-family modules scan with `scan` (the module docstring)."""
-    replaced = [(module, module.mamba_selective_scan) for module in scan_modules()]
-    for module, _ in replaced:
-        module.mamba_selective_scan = scan
+    """Within the block, the loaded Mamba-family modules scan with `scan` (the module docstring); the modules'
+    own functions come back when the last block running ends."""
+    global _entered
+    with _lock:
+        _entered += 1
+        for module in scan_modules():
+            if module not in _patched:
+                _patched[module] = module.mamba_selective_scan
+                module.mamba_selective_scan = scan
     try:
         yield
     finally:
-        for module, original in replaced:
-            module.mamba_selective_scan = original
+        with _lock:
+            _entered -= 1
+            if not _entered:
+                for module, original in _patched.items():
+                    module.mamba_selective_scan = original
+                _patched.clear()
