@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 FP32 = (
     "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
@@ -74,14 +75,26 @@ def overload(name: str) -> torch._ops.OpOverload | None:
     return getattr(packet, variant or "default", None)
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    """`value` cast to `dtype` where it is a floating tensor other than fp64 (cached_cast's eligibility), tensor
-    lists element by element."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() and value.dtype not in (dtype, torch.float64) else value
-    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_cast(v, dtype) for v in value)
-    return value
+def _eligible(tensor: torch.Tensor) -> bool:
+    """Whether autocast casts `tensor` (cached_cast's eligibility): floating, not fp64."""
+    return tensor.is_floating_point() and tensor.dtype != torch.float64
+
+
+def _cast(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
+    """`args` and `kwargs` with every eligible tensor in them (tensor lists too) cast to `dtype`."""
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if _eligible(t) and t.dtype != dtype else t,
+                         (args, kwargs))
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among `args` and `kwargs` (tensor lists too), in order."""
+    return [value for value in tree_flatten((args, kwargs))[0] if isinstance(value, torch.Tensor)]
+
+
+def _first_eligible(args: tuple, kwargs: dict) -> bool:
+    """Whether the op's first tensor operand is one autocast casts (firstarg_is_eligible)."""
+    tensors = _tensors(args, kwargs)
+    return bool(tensors) and _eligible(tensors[0])
 
 
 def _dtype_position(op: torch._ops.OpOverload) -> int | None:
@@ -93,21 +106,11 @@ def _dtype_position(op: torch._ops.OpOverload) -> int | None:
     return None
 
 
-def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
-
-
 def _fp32(op: torch._ops.OpOverload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _cast(args, kwargs, torch.float32)
         with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
-            return op(*(_cast(a, torch.float32) for a in args),
-                      **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+            return op(*args, **kwargs)
     return kernel
 
 
@@ -115,9 +118,7 @@ def _fp32_set_opt_dtype(op: torch._ops.OpOverload) -> Callable[..., Any]:
     position = _dtype_position(op)  # softmax's and log_softmax's is positional, sum's and cumsum's keyword-only
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        tensors = _tensors(args, kwargs)
-        first = tensors[0] if tensors else None
-        if first is not None and first.is_floating_point() and first.dtype != torch.float64:
+        if _first_eligible(args, kwargs):
             if position is not None and position < len(args):
                 if args[position] is None:
                     args = (*args[:position], torch.float32, *args[position + 1:])
@@ -130,9 +131,8 @@ def _fp32_set_opt_dtype(op: torch._ops.OpOverload) -> Callable[..., Any]:
 
 def _fp32_append_dtype(op: torch._ops.OpOverload, with_dtype: torch._ops.OpOverload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        tensors = _tensors(args, kwargs)
         with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
-            if tensors and tensors[0].is_floating_point() and tensors[0].dtype != torch.float64:
+            if _first_eligible(args, kwargs):
                 return with_dtype(*args, **kwargs, dtype=torch.float32)
             return op(*args, **kwargs)
     return kernel
@@ -142,10 +142,11 @@ def _promote(op: torch._ops.OpOverload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         widest = torch.get_autocast_dtype("cpu")
         for tensor in _tensors(args, kwargs):
-            if tensor.is_floating_point() and tensor.dtype != torch.float64:
+            if _eligible(tensor):
                 widest = torch.promote_types(widest, tensor.dtype)
+        args, kwargs = _cast(args, kwargs, widest)
         with torch._C._ExcludeDispatchKeyGuard(_BELOW_AUTOCAST):
-            return op(*(_cast(a, widest) for a in args), **{k: _cast(v, widest) for k, v in kwargs.items()})
+            return op(*args, **kwargs)
     return kernel
 
 

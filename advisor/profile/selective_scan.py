@@ -65,6 +65,11 @@ def _reference(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.T
     return out.to(u.dtype), state
 
 
+def _gated(out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """`out` gated by silu(z), in out's dtype (the kernel's out_z)."""
+    return (out.float() * F.silu(z.float())).to(out.dtype)
+
+
 @torch.library.custom_op("advisor::selective_scan", mutates_args=())
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                    D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,
@@ -77,7 +82,7 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     intermediates[:, :, -1, 1::2] = state
     if z is None:  # selective_scan_cuda.fwd makes no gated output then
         return out, intermediates, u.new_empty(0)
-    return (out.float() * F.silu(z.float())).to(u.dtype), intermediates, out
+    return _gated(out, z), intermediates, out
 
 
 @selective_scan.register_fake
@@ -104,9 +109,9 @@ def selective_scan_backward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tenso
     inputs = [t.detach().requires_grad_() if t is not None else None for t in (u, delta, A, B, C, D, z, delta_bias)]
     given = [t for t in inputs if t is not None]
     with _autograd_on():
-        ungated, _ = _reference(*inputs[:6], inputs[6], inputs[7], delta_softplus)
-        gated = ungated if inputs[6] is None else ungated.float() * F.silu(inputs[6].float())
-        found = iter(torch.autograd.grad(gated.to(u.dtype), given, grad, allow_unused=True))
+        ungated, _ = _reference(*inputs, delta_softplus)
+        gated = ungated if z is None else _gated(ungated, inputs[6])
+        found = iter(torch.autograd.grad(gated, given, grad, allow_unused=True))
     grads = []
     for tensor in inputs:
         if tensor is None:
@@ -126,7 +131,6 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     u, delta, A, B, C, D, z, delta_bias, delta_softplus = inputs
     _, intermediates, out = output
     ctx.delta_softplus = delta_softplus
-    ctx.given = [t is not None for t in (D, z, delta_bias)]
     # what SelectiveScanFn saves: the ungated output only where z gates it
     ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, intermediates, out if z is not None else None)
 
@@ -135,10 +139,8 @@ def _backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> tuple:
     u, delta, A, B, C, D, z, delta_bias, intermediates, out = ctx.saved_tensors
     grads = selective_scan_backward(u, delta, A, B, C, D, z, delta_bias, grad.contiguous(), intermediates,
                                     out if out is not None else u.new_empty(0), ctx.delta_softplus)
-    du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = grads
-    present = dict(zip(("D", "z", "delta_bias"), ctx.given))
-    return (du, ddelta, dA, dB, dC, dD if present["D"] else None, dz if present["z"] else None,
-            ddelta_bias if present["delta_bias"] else None, None)
+    given = (u, delta, A, B, C, D, z, delta_bias)  # an input not given has no gradient
+    return (*(gradient if tensor is not None else None for gradient, tensor in zip(grads, given)), None)
 
 
 selective_scan.register_autograd(_backward, setup_context=_setup_context)
