@@ -811,17 +811,20 @@ def trace_training_step(
         raise UserError(f"optimizer '{FILE_OPTIMIZER}' needs the model file's optimizer(params) function")
     with signals_deferred():  # FakeTensorMode imports it on first use; native modules inside
         importlib.import_module("torch._dynamo")
-    with collector_paused(), autocast_policy(attention, precision):
+    with collector_paused():
         try:
             return _trace_with_either_inputs(setup)
         except _ConstructorNeedsValues:
             return _trace_with_either_inputs(replace(setup, construction="meta"))
 
 
-def _scans_as_run(setup: _Setup) -> AbstractContextManager[None]:
-    """Mamba's selective scans as a GPU runs them, one fused kernel each (selective_scan.py), in a step traced as
-    a GPU runs it (attention "cuda"); else as the model's code runs them."""
-    return fused_selective_scans() if setup.attention == "cuda" else nullcontext()
+@contextmanager
+def _as_it_runs(setup: _Setup) -> Iterator[None]:
+    """The step as the device it is traced for runs it: for a GPU (attention "cuda"), autocast with CUDA's
+    policy (autocast_policy) and Mamba's selective scans as one fused kernel each (selective_scan.py)."""
+    scans = fused_selective_scans() if setup.attention == "cuda" else nullcontext()
+    with autocast_policy(setup.attention, setup.precision), scans:
+        yield
 
 
 def autocast_policy(attention: str, precision: str) -> AbstractContextManager[None]:
@@ -928,7 +931,7 @@ def _trace_seeded(setup: _Setup, values: str, memory_limit: int | None, dedupe: 
         def step(at: _Setup) -> StepTrace:
             return _step_on(built, at, values, memory_limit, dedupe, trimmed)
 
-        with _scans_as_run(setup), _sibling_beside(setup, values, step):  # the sibling forked with them
+        with _as_it_runs(setup), _sibling_beside(setup, values, step):  # the sibling forked within it
             return step(setup)
 
 
