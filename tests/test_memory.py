@@ -152,6 +152,57 @@ def test_a_replay_under_the_reserve_it_needs_uncapped_runs_with_flushes_or_runs_
         assert capped.out_of_memory or capped.flushes > 0 or free.reserved <= capacity
 
 
+def test_a_replay_leaves_no_cycles_for_the_collector() -> None:
+    # the blocks of a segment point to each other; replay unlinks them when it is done, so the collection that
+    # follows an estimate has none of them to walk (and they are freed with the allocator)
+    import gc
+
+    from advisor.profile.model_file import load_model_file
+    from advisor.memory.plan import MemorySettings, trace_for_memory
+
+    memory = trace_for_memory(load_model_file("resnet50"), MemorySettings(8, "fp32", "sgd"), 8).memory
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        replay(memory)
+        replay(memory, capacity=replay(memory).allocated)  # flushes, or runs out: its blocks go too
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_phase_peaks_and_breakdowns_over_arrays_match_the_events_walked_one_by_one() -> None:
+    # phase_peaks and _breakdowns run over numpy arrays; walked here event by event: each phase's highest
+    # live bytes at an allocation (the first such position), and live bytes by category after a position
+    from advisor.estimate.parallel import LayoutMemory
+    from advisor.memory.allocator import MIN_BLOCK
+    from advisor.parallel.strategy import Layout
+    from advisor.profile.live_memory import CATEGORIES
+    from advisor.profile.model_file import load_model_file
+    from advisor.memory.plan import MemorySettings, trace_for_memory
+
+    trace = trace_for_memory(load_model_file("mlp"), MemorySettings(8, "amp-bf16", "adamw"), 8)
+    for memory in (trace.memory, LayoutMemory(trace, None)._rank_trace(Layout("fsdp", 4, 8)).memory):
+        sizes = memory.sizes(MIN_BLOCK)
+        live, by_phase, after = 0, {}, []
+        for position, (event, tick) in enumerate(zip(memory.events, memory.event_ticks)):
+            live += sizes[event] if event >= 0 else -sizes[~event]
+            phase = memory.phase_of(tick)
+            if event >= 0 and live > by_phase.get(phase, (-1,))[0]:
+                by_phase[phase] = (live, tick)
+            held = {}
+            for e in memory.events[:position + 1]:
+                held.pop(~e, None) if e < 0 else held.setdefault(e, None)
+            after.append({c: sum(sizes[i] for i in held if memory.storages[i].category == c) for c in CATEGORIES})
+        peaks = memory.phase_peaks(MIN_BLOCK)
+        assert {phase: (p.bytes, p.tick) for phase, p in peaks.items() if phase in by_phase} == by_phase
+        assert all(sum(p.by_category.values()) == p.bytes for p in peaks.values())
+        positions = list(range(-1, len(memory.events)))
+        assert memory._breakdowns(sizes, positions) == {-1: dict.fromkeys(CATEGORIES, 0), **dict(enumerate(after))}
+
+
 def _replayed_call_by_call(memory, steps: int = 2) -> tuple[int, int, int]:
     """allocator.replay's semantics with CachingAllocator's malloc and free, one call per storage (unrounded
     sizes): each step's events, then what the step still holds freed in the order it was allocated; what

@@ -110,6 +110,15 @@ class CachingAllocator:
     def peaks(self, out_of_memory: bool = False) -> AllocatorPeaks:
         return AllocatorPeaks(self.peak_allocated, self.peak_reserved, self.segments, self.flushes, out_of_memory)
 
+    def unlink(self) -> None:
+        """Break the links between neighbouring blocks, once the replay is done: a segment's blocks point to each
+        other, cycles that only Python's cyclic collector would free (7,000 blocks in a 7B estimate's
+        re-plays, each walked by the collection that follows), while unlinked ones go as soon as the
+        allocator does."""
+        for block in (*self.free_blocks.values(), *self.blocks.values()):
+            if block is not None:
+                block.previous = block.next = None
+
     def release_cached(self) -> int:
         """Release every cached segment that is wholly free (a free block with no neighbour), from both
         pools; the bytes released."""
@@ -231,4 +240,6 @@ def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = Non
             allocator.run(first if step == 0 else later, sizes)
     except OutOfMemory:
         return allocator.peaks(out_of_memory=True)
+    finally:
+        allocator.unlink()
     return allocator.peaks()

@@ -40,7 +40,10 @@ head) are gathered for the whole forward and again for the whole backward.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -343,21 +346,21 @@ def with_storages(memory: LiveMemory, storages: Sequence[StorageLife], extra: Se
     added: allocated before the first event at or after their allocation tick (BEFORE_STEP: among the
     storages alive when the step starts) and freed likewise (None: alive at the end)."""
     assert len(storages) == len(memory.storages)
-    events = list(zip(memory.events, memory.event_ticks))
+    events, ticks = list(memory.events), list(memory.event_ticks)
+    assert not ticks or (ticks[0] >= BEFORE_STEP and all(map(operator.le, ticks, itertools.islice(ticks, 1, None)))), \
+        "events in the order of their ticks"
     for offset, life in enumerate(extra):
         index = len(storages) + offset
-        _insert(events, life.allocated_at, index)
+        _insert(events, ticks, life.allocated_at, index)
         if life.freed_at is not None:
-            _insert(events, life.freed_at, ~index)
-    return LiveMemory(tuple(storages) + tuple(extra), tuple(e for e, _ in events), tuple(t for _, t in events),
-                      dict(memory.phase_starts), memory.ticks)
+            _insert(events, ticks, life.freed_at, ~index)
+    return LiveMemory(tuple(storages) + tuple(extra), tuple(events), tuple(ticks), dict(memory.phase_starts),
+                      memory.ticks)
 
 
-def _insert(events: list[tuple[int, int]], tick: int, event: int) -> None:
+def _insert(events: list[int], ticks: list[int], tick: int, event: int) -> None:
     """Put `event` at `tick` before every event of that tick or later (after those before the step, at
-    BEFORE_STEP)."""
-    if tick == BEFORE_STEP:
-        position = next((i for i, (_, t) in enumerate(events) if t != BEFORE_STEP), len(events))
-    else:
-        position = next((i for i, (_, t) in enumerate(events) if t >= tick), len(events))
-    events.insert(position, (event, tick))
+    BEFORE_STEP); `ticks`, each event's, in order, is kept so."""
+    position = bisect.bisect_right(ticks, BEFORE_STEP) if tick == BEFORE_STEP else bisect.bisect_left(ticks, tick)
+    events.insert(position, event)
+    ticks.insert(position, tick)

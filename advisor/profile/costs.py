@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from advisor.profile.tensors import stored_parts
+from advisor.profile.tensors import leaves, stored_parts
 
 aten = torch.ops.aten
 
@@ -149,7 +148,7 @@ def _numel(shape: Iterable[int]) -> int:
 
 
 def _first_tensor(value: Any) -> torch.Tensor:
-    tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    tensors = [t for t in leaves(value) if isinstance(t, torch.Tensor)]
     assert tensors, "expected a tensor output"
     return tensors[0]
 
@@ -610,7 +609,7 @@ def per_element_flops(args: tuple, named: dict, out: Any) -> float:
     positional convolution), log-sigmoid (preference losses) and polar (rotary embeddings in complex form):
     one FLOP per element of the largest tensor they write or take first (a loss: its
     per-pixel input, args[0])."""
-    sizes = [t.numel() for t in (*tree_flatten(out)[0], args[0]) if isinstance(t, torch.Tensor)]
+    sizes = [t.numel() for t in (*leaves(out), args[0]) if isinstance(t, torch.Tensor)]
     return float(max(sizes, default=0))
 
 
@@ -810,7 +809,7 @@ def _read_arguments(packet: Any, args: tuple, kwargs: dict) -> list[Any]:
     kwargs = {name: value for name, value in (kwargs or {}).items() if name != "out"}
     if packet in OVERWRITE_OPS:
         args = args[1:]
-    return tree_flatten((args, kwargs))[0]
+    return leaves((args, kwargs))
 
 
 @functools.cache
@@ -829,7 +828,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
     if func.namespace in ("prim", "profiler") or packet in FREE_OPS or _is_view(func):
         return OpCost(0.0, 0, 0, False, True)
     inputs = _read_arguments(packet, args, kwargs)
-    outputs = tree_flatten(out)[0]
+    outputs = leaves(out)
     read, written = _tensor_bytes(inputs), _tensor_bytes(outputs)
     dtypes = tuple(sorted({str(t.dtype).removeprefix("torch.") for t in inputs if isinstance(t, torch.Tensor)}))
     flops, matmul, counted, gemm, conv, transposed, norm, masked = 0.0, False, True, None, None, 0, None, False
@@ -857,9 +856,9 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> OpCost:
         counted = False
     written_lists = WRITTEN_LISTS.get(packet) or WRITTEN_LISTS.get(packet._qualified_op_name)
     if not written and written_lists:
-        written = sum(_tensor_bytes(tree_flatten(args[i])[0]) for i in written_lists)
+        written = sum(_tensor_bytes(leaves(args[i])) for i in written_lists)
     elif not written and packet.__name__.endswith("_"):  # in place, returns nothing: writes its first list
-        written = _tensor_bytes(tree_flatten(args[0])[0])
+        written = _tensor_bytes(leaves(args[0]))
     return OpCost(flops, read, written, matmul, counted, dtypes, gemm, conv, transposed, norm, masked)
 
 

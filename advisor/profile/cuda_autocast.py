@@ -33,7 +33,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_map_only
+
+from advisor.profile.tensors import leaves
 
 FP32 = (
     "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
@@ -88,7 +90,7 @@ def _cast(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The tensors among `args` and `kwargs` (tensor lists too), in order."""
-    return [value for value in tree_flatten((args, kwargs))[0] if isinstance(value, torch.Tensor)]
+    return [value for value in leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
 
 
 def _first_eligible(args: tuple, kwargs: dict) -> bool:

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from advisor.profile.repeated import tensor_list
+from advisor.profile.tensors import leaves
 
 Flow = tuple[tuple[int, ...], ...]
 """(source, bytes, offset) per value an op reads, (last_use, bytes) per value it writes (see the module
@@ -40,7 +40,7 @@ def _values(tree: Any, lists_whole: bool) -> list[list[torch.Tensor]]:
     """The values in `tree` (an op's arguments, or its results in a tuple): each tensor, and with
     `lists_whole` (a multi-tensor op) each list of tensors as one."""
     values: list[list[torch.Tensor]] = []
-    for item in tree_flatten(tree, is_leaf=lambda x: lists_whole and tensor_list(x))[0]:
+    for item in leaves(tree, is_leaf=lambda x: lists_whole and tensor_list(x)):
         if isinstance(item, torch.Tensor):
             values.append([item])
         elif lists_whole and tensor_list(item):

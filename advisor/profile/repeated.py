@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+
+from advisor.profile.tensors import leaves
 
 MIN_SAVED_BY_A_RETRY = 6
 """Blocks a second attempt must still replicate to be made; else the step is traced in full at once."""
@@ -304,7 +305,7 @@ class BlockClock:
 
 
 def _grad_tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    return [t for t in leaves(value) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
 def locate(clock: BlockClock) -> list[RunTicks]:
@@ -734,12 +735,12 @@ class OptimizerReplicas:
         lists = [a for a in args if tensor_list(a)]
         if lists:
             return [self._expand_lists(record, func, args, kwargs, out, lists, cost_of, storage_of)]
-        flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        flat = [t for t in leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         sources = [self.sources[t] for t in flat if t in self.sources]
         if not sources:
             return [record]
         source = max(sources, key=lambda s: s[1])
-        self._mark([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)], source, storage_of,
+        self._mark([t for t in leaves(out) if isinstance(t, torch.Tensor)], source, storage_of,
                    record.allocated)
         return [record] * (source[1] + 1)
 
@@ -771,8 +772,8 @@ class OptimizerReplicas:
         flops, read, written = record.flops, record.bytes_read, record.bytes_written
         tensors, allocated = record.tensors, list(record.allocated)
         # tensors outside the lists (a step count's increment, found_inf) are read once, whatever the lists
-        shared = sum(t.untyped_storage().nbytes() for t in tree_flatten(
-            [a for a in args if not isinstance(a, (list, tuple))] + list(kwargs.values()))[0]
+        shared = sum(t.untyped_storage().nbytes() for t in leaves(
+            [a for a in args if not isinstance(a, (list, tuple))] + list(kwargs.values()))
             if isinstance(t, torch.Tensor))
         # last run first: inserting a run's copies leaves the positions before it where they were
         for source, positions in sorted(by_source.items(), key=lambda item: -item[1][-1]):

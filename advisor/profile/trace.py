@@ -74,6 +74,7 @@ from advisor.profile.repeated import (
 from advisor.profile.real_run import (check_weights_fit, real_run_budget_bytes, seeded_random_numbers,
                                       too_large_during_step)
 from advisor.profile.shapes import SHAPE_KERNELS
+from advisor.profile.tensors import leaves
 from advisor.profile.torch_patches import fake_tensor_conversions, grouped_mm_in_any_float, unpacked_fake_sequences
 from advisor.profile.user_code import TorchWouldRaise, UserCodeError, user_code
 from advisor.profile.watch import TraceWatch
@@ -536,14 +537,14 @@ class _Recorder(TorchDispatchMode):
     def _keep_real_twin(self, func, args: tuple, kwargs: dict, out: Any) -> None:
         if self.fake_mode is None or self.phase != "forward":
             return
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, FakeTensor)]
+        outputs = [t for t in leaves(out) if isinstance(t, FakeTensor)]
         if not outputs or sum(t.numel() * t.element_size() for t in outputs) > self.real_twin_bytes:
             return
         real_arguments = self._real_arguments(args, kwargs)
         if real_arguments is None:
             return
         real_out = self._run_real(func, *real_arguments)
-        for fake, real in zip(tree_flatten(out)[0], tree_flatten(real_out)[0]):
+        for fake, real in zip(leaves(out), leaves(real_out)):
             if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor):
                 self.real[fake] = real
 
@@ -592,7 +593,7 @@ def _aliased_in_first_step(func: Any, args: tuple) -> bool:
 
 def _all_fake(args: tuple) -> bool:
     """Whether every tensor in `args` (lists included) is a FakeTensor."""
-    return all(isinstance(t, FakeTensor) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
+    return all(isinstance(t, FakeTensor) for t in leaves(args) if isinstance(t, torch.Tensor))
 
 
 def _check_same_dtype(op: str, args: tuple) -> None:
@@ -614,7 +615,7 @@ def _stand_in_scalar(tensor: torch.Tensor) -> bool | int | float:
 
 def default_loss(output: Any, inputs: Any) -> torch.Tensor:
     """A scalar reduction of the output(s): the mean of every floating-point output tensor, summed."""
-    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    tensors = [t for t in leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not tensors:
         raise UserError("the model's output has no floating-point tensor to build a loss from; define loss_fn")
     return sum(t.float().mean() for t in tensors)
@@ -1428,7 +1429,7 @@ def _params_by_module(model: torch.nn.Module) -> dict[str, int]:
 
 
 def _check_inputs(inputs: Any, batch_size: int, source: str | None) -> None:
-    tensors = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+    tensors = [t for t in leaves(inputs) if isinstance(t, torch.Tensor)]
     if not tensors:
         raise UserError(f"{source or 'the model file'}: example_input({batch_size}) returned no tensor "
                         f"(got {type(inputs).__name__}); return a Tensor, a tuple or a dict of Tensors")
