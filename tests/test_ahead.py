@@ -162,6 +162,19 @@ def test_the_child_is_sent_the_first_step_only_where_an_item_reads_it() -> None:
     assert needs_first([("line", Layout("fsdp", 4, 8, 2))], made | {LayoutMemory.key(Layout("fsdp", 4, 8, 2))})
 
 
+def test_the_child_is_sent_the_first_steps_ops_only_for_a_tensor_parallel_layout() -> None:
+    # data-parallel layouts read the step's memory and parameters; a tensor-parallel plan reads its ops
+    from advisor.estimate.ahead import memory_of
+    from advisor.memory.plan import MemorySettings, trace_for_memory
+    from advisor.profile.model_file import load_model_file
+
+    trace = trace_for_memory(load_model_file("mlp"), MemorySettings(8, "fp32", "adamw"), 8)
+    sent = memory_of(trace, [("step", FSDP2), ("line", ZERO2)])
+    assert sent.records == () and trace.records
+    assert sent.memory is trace.memory and sent.params_by_module == trace.params_by_module
+    assert memory_of(trace, [("step", FSDP2), ("step", Layout("fsdp", 4, 8, 2))]) is trace
+
+
 @pytest.mark.skipif(not can_fork(), reason="needs fork, two CPUs and no other thread")
 def test_one_gpus_line_made_by_the_child_without_the_first_step_is_the_one_made_here(monkeypatch) -> None:
     # GPT-2 small fits one H100: the child is asked for one GPU's line alone and sent no first step (None in

@@ -357,6 +357,18 @@ def test_every_database_gpu_has_a_reference_profile_marked_default() -> None:
         assert copy.peak == gpu.bandwidth_bytes_per_s
 
 
+def test_a_gpus_reference_profile_is_made_once_per_entry_and_family_list(tmp_path: Path) -> None:
+    # every estimate over the database asks for each GPU's profile: the same entry and families give the same
+    # object; other families (an edited defaults.yaml) give a profile of their own
+    db = load_hwdb([])
+    gpu, families = db.gpu("h100-sxm"), load_families(db)
+    assert reference_profile(gpu, families) is reference_profile(gpu, families)
+    shipped = shipped_dir("calibration", "suite.yaml") / "reference" / "defaults.yaml"
+    (tmp_path / "defaults.yaml").write_text(shipped.read_text().replace("e_max: 0.80", "e_max: 0.70", 1))
+    edited = reference_profile(gpu, load_families(db, tmp_path))
+    assert edited is not reference_profile(gpu, families) and edited != reference_profile(gpu, families)
+
+
 def test_h100_default_by_hand() -> None:
     db = load_hwdb([])
     gpu = db.gpu("h100-sxm")

@@ -691,7 +691,7 @@ class _Clock:
         self.host = self.device = 0.0
         self.by_bound = dict.fromkeys(BOUNDS, 0.0)
         self.ops: list[OpTime] = []
-        self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, float]] = {}
+        self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, str, float]] = {}  # _timed, by kind and hit
         self.read_back = False
         """Whether a queued op read a value back (OpRecord.synchronizes): the host waited for the device."""
 
@@ -713,35 +713,49 @@ class _Clock:
     def run(self, records: Sequence[OpRecord], kinds: Sequence[int], cached: Sequence[int] | None) -> None:
         """Run `records` in order; `kinds`: each one's kind (ChunkFacts.kinds); `cached`: the bytes of each one's
         traffic L2 serves (cached_reads), None where none is."""
-        queued, by_bound, ops = self.queued, self.by_bound, self.ops
+        queued, ops, kernels = self.queued, self.ops, self.kernels
+        host_clock, device_clock = self.host, self.device
+        by_bound = self.by_bound
+        overhead_s, compute_s, memory_s = by_bound["overhead"], by_bound["compute"], by_bound["memory"]
         for index, record in enumerate(records):
             hit = cached[index] if cached else 0
             key = (kinds[index], hit)  # what a kernel's time depends on: the record but its module
-            timed = self.kernels.get(key)
+            timed = kernels.get(key)
             if timed is None:  # a block's ops repeat once per block: each kind of op is timed once
-                timed = self.kernels[key] = (*self.timer.kernel(record, hit),
-                                             host_seconds(record, self.overheads, cpu=not queued,
-                                                          compiled=self.compiled))
-            kind, compute, traffic, faults, layout, host = timed
-            kernel = max(compute, traffic) + faults + layout
-            memory = traffic + faults + layout  # page faults and layout transposes are memory time
+                timed = kernels[key] = self._timed(record, hit)
+            kind, compute, memory, kernel, host, kernel_bound, layout = timed
             if queued:
                 if record.synchronizes:  # the host reads a value back: it waits for the device's queue
-                    self.host = max(self.host, self.device)
+                    host_clock = max(host_clock, device_clock)
                     self.read_back = True
-                self.host += host
-                wait = max(0.0, self.host - self.device)
-                self.device += wait + kernel
+                host_clock += host
+                wait = host_clock - device_clock
+                if wait < 0.0:
+                    wait = 0.0
+                device_clock += wait + kernel
             else:
                 wait = host
-                self.device += host + kernel
-            kernel_bound = "compute" if compute >= memory else "memory"
-            bound = "overhead" if wait > kernel else kernel_bound
-            by_bound["overhead"] += wait
-            by_bound[kernel_bound] += kernel
+                device_clock += host + kernel
+            overhead_s += wait
+            if kernel_bound == "compute":
+                compute_s += kernel
+            else:
+                memory_s += kernel
             ops.append(OpTime(record.phase, record.module, record.op, kind.series, kind.dtype, record.flops,
-                              record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait, bound,
-                              layout))
+                              record.bytes_read + record.bytes_written, compute, memory, kernel, host, wait,
+                              "overhead" if wait > kernel else kernel_bound, layout))
+        self.host, self.device = host_clock, device_clock
+        by_bound["overhead"], by_bound["compute"], by_bound["memory"] = overhead_s, compute_s, memory_s
+
+    def _timed(self, record: OpRecord, hit: int) -> tuple[OpClass, float, float, float, float, str, float]:
+        """(class, compute, memory, kernel, host, the kernel's bound, layout transposes) of `record` with `hit`
+        bytes of its reads from L2: memory time includes page faults and layout transposes, which stop compute
+        too (kernel = the longer of compute and traffic, plus them)."""
+        kind, compute, traffic, faults, layout = self.timer.kernel(record, hit)
+        kernel = max(compute, traffic) + faults + layout
+        memory = traffic + faults + layout
+        host = host_seconds(record, self.overheads, cpu=not self.queued, compiled=self.compiled)
+        return kind, compute, memory, kernel, host, "compute" if compute >= memory else "memory", layout
 
     def run_copies(self, records: Sequence[OpRecord], kinds: Sequence[int], copies: int,
                    cached: Sequence[int] | None, cached_after: Sequence[int] | None) -> None:
