@@ -112,10 +112,11 @@ def first_call(spec: str, kind: str) -> float:
     return time.perf_counter() - started
 
 
-STEADY_ROUNDS = 5
+STEADY_ROUNDS = 9
 """Rounds of plan() then the bare pass timed in one process, after two that warm it up: the host's speed
-drifts within a run (on this shared VM the same call took 1.2 s and 1.7 s minutes apart), so the figures
-are medians of interleaved calls."""
+drifts within a run (on this shared VM the same call took 1.2 s and 1.7 s minutes apart, and 1.0 s to 1.8 s
+within one minute on 2026-11-29), so the figures are medians of interleaved calls (9: a median that two
+slow rounds out of five no longer move)."""
 
 
 def interleaved(works: dict[str, Callable[[], object]]) -> dict[str, list[float]]:

@@ -123,6 +123,22 @@ def test_a_second_plan_reuses_both_traced_steps(cache: Path, model_file: Path):
     assert again.to_dict() == first.to_dict()
 
 
+def test_the_child_stores_the_whole_second_step_and_sends_its_memory(cache: Path, model_file: Path):
+    # the step at twice the batch, traced in a child, is cached with its ops (a later estimate at that batch
+    # reads it as its own step) while this process gets its memory alone (StepTrace.memory_only)
+    from advisor.memory.plan import trace_both_batches
+    from advisor.profile.background import can_fork
+
+    if not can_fork():
+        pytest.skip("needs fork, two CPUs and no other thread")
+    model = load_model_file(str(model_file))
+    first, second = trace_both_batches(model, MemorySettings(batch_size=4))
+    assert second.batch_size == 8 and second.records == ()
+    assert len(list(cache.glob("*.trace"))) == 2  # both steps stored: the second by the child
+    stored = trace_for_memory(model, MemorySettings(batch_size=8), 8)  # read back, not traced
+    assert stored.records and stored.memory_only() == second and stored is not second
+
+
 def test_layouts_replayed_once_come_back_from_disk(cache: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch):
     # each layout's per-rank memory (ddp, zero1, zero2, fsdp on 2 GPUs) is kept beside the two traces
     request = PlanRequest(model=str(model_file), gpus=("h100-sxm",), num_gpus=2)

@@ -332,7 +332,8 @@ class Estimate:
     electricity_usd_per_kwh: float
     second: StepTrace | None = field(default=None, repr=False, compare=False)
     """The step traced at twice the batch (the memory line's second point): with `trace`, what a new
-    estimate of the same step on other devices, prices or job can reuse."""
+    estimate of the same step on other devices, prices or job can reuse. Its memory is what is read of it;
+    its ops may be left out (StepTrace.memory_only, as the child that traced it sends it)."""
     pipeline: PipelineProfile | None = field(default=None, repr=False, compare=False)
     """The input pipeline as measured on this machine (None: not assessed)."""
     skipped: tuple[tuple[str, str], ...] = ()

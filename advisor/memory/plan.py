@@ -235,7 +235,9 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
     share for a real run (real_run.py), and a batch of 1 has no half. With
     `parallel` and a second CPU, the larger trace runs in a child forked once the model is built, while
     this process traces the first (profile.trace.Sibling), and is still running when this returns:
-    SecondTrace.get() waits for it. The traces are the same either way. With `serve`, that child then stays
+    SecondTrace.get() waits for it. The traces are the same either way, but that the child sends the second's
+    memory alone (StepTrace.memory_only: all the memory line and the layouts read of it), having stored the
+    whole step in the trace cache itself. With `serve`, that child then stays
     to run jobs on its trace (SecondTrace.served), until the caller closes it or abandon()s the pair."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
@@ -270,7 +272,13 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
             trace = trace_for_memory(model, settings, batch, attention, progress)
         return trace, SecondTrace(traced_here)
     progress(f"tracing a training step of {model.source} at batches {batch} and {2 * batch} (two processes)")
-    sibling = Sibling(2 * batch, serves=serve)  # traced in a child forked once the model is built
+    second_key = _cache_key(model, settings, 2 * batch, attention)
+
+    def kept_and_sent(found: StepTrace) -> StepTrace:  # in the child: the whole step cached, its memory sent
+        trace_cache.store(second_key, found)
+        return found.memory_only()
+
+    sibling = Sibling(2 * batch, serves=serve, sent_as=kept_and_sent)  # traced in a child forked once the model is built
     try:
         trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
     except BaseException:  # a step that failed once the child was forked: the child is of no use
@@ -279,10 +287,7 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
 
     def collected() -> StepTrace:
         found = sibling.collect()
-        if found is None:
-            return traced_here()
-        trace_cache.store(_cache_key(model, settings, 2 * batch, attention), found)
-        return found
+        return traced_here() if found is None else found
 
     return trace, SecondTrace(collected, sibling.abandon, sibling.served)
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -80,10 +80,12 @@ class ForkedCall(Generic[T]):
 
     Use as a context manager around the parent's own work: leaving it by an exception kills the child."""
 
-    def __init__(self, work: Callable[[], T], may_fork_again: bool = False, serves: bool = False) -> None:
+    def __init__(self, work: Callable[[], T], may_fork_again: bool = False, serves: bool = False,
+                 sent_as: Callable[[T], T] | None = None) -> None:
         """`may_fork_again`: the child may fork children of its own (a non-daemonic process; the caller
         must `close()` it, as the context manager does on an error). `serves`: once its value is sent, the
-        child stays to run the jobs `served()` hands it (Served), until `close()`."""
+        child stays to run the jobs `served()` hands it (Served), until `close()`. `sent_as`: what of the
+        value the child sends (run in the child; the jobs it serves get the value itself)."""
         context = multiprocessing.get_context("fork")
         self._receiver, sender = context.Pipe(duplex=False)
         self._jobs, child_jobs = context.Pipe(duplex=True) if serves else (None, None)
@@ -92,7 +94,7 @@ class ForkedCall(Generic[T]):
         self._parcel = _Parcel.new() if serves else None  # the serving child's value: removed by close() too
         self._job_parcels: list[_Parcel] = []  # the jobs' (Served.submit), which a child killed first never read
         self._process = context.Process(target=_run_and_send,
-                                        args=(work, sender, os.getpid(), child_jobs, self._parcel),
+                                        args=(work, sender, os.getpid(), child_jobs, self._parcel, sent_as),
                                         daemon=not may_fork_again)
         self._process.start()
         sender.close()
@@ -183,23 +185,25 @@ def settle_thread_pool() -> None:
 
 
 def _run_and_send(work: Callable[[], object], sender: Connection, parent_pid: int,
-                  jobs: Connection | None = None, parcel: _Parcel | None = None) -> None:
-    """In the child: send (True, value), or (False, None) when `work` raised. The parent then does the
-    work itself and raises that error there, with its traceback, so nothing is lost by not sending it.
-    With `jobs`, the value goes through `parcel` and, once sent, the child serves the parent's jobs (_serve)."""
+                  jobs: Connection | None = None, parcel: _Parcel | None = None,
+                  sent_as: Callable[[Any], object] | None = None) -> None:
+    """In the child: send (True, value) (`sent_as(value)` where given), or (False, None) when `work` (or
+    `sent_as`) raised. The parent then does the work itself and raises that error there, with its traceback,
+    so nothing is lost by not sending it. With `jobs`, the value goes through `parcel` and, once sent, the
+    child serves the parent's jobs (_serve) on the value itself."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler unwinds the parent, not this child
     settle_thread_pool()
     value = None
     try:
         value = work()
-        payload = (True, value)
+        payload = (True, value if sent_as is None else sent_as(value))
     except BaseException:  # noqa: BLE001 -- reported as a failure; the parent re-runs and raises it
         payload = (False, None)
     sent = False
     try:
         if parcel is not None and payload[0]:  # through a file: the pipe would hold this child until the parent reads
-            sender.send((True, parcel.filled(value)))
+            sender.send((True, parcel.filled(payload[1])))
         else:
             sender.send(payload)  # pickles the whole value first: a value that cannot be pickled sends nothing
         sent = payload[0]
