@@ -41,6 +41,8 @@ def layouts_job(second: StepTrace, first: StepTrace | None, wanted: Sequence[tup
     assert first is not None or not needs_first(wanted, made), "an item needs the first step"
     memory = LayoutMemory(second if first is None else first, second, {"steps": made})
     for kind, layout in wanted:
+        for given, value in channel.given():  # steps the parent made since: a line here needs its step
+            memory.absorb(given, value)  # type: ignore[arg-type]
         item = item_of(kind, layout)
         if channel.skipped(item):
             continue
@@ -123,6 +125,12 @@ class LayoutsAhead:
                 self._take(item)
                 return
             self.drain(min(left, 1.0))
+
+    def share(self, item: Item, value: StepMemory) -> None:
+        """Give the child a step made here: a line it makes needs its step, which it made again (two or three
+        of the 7B example's 16 layouts, each re-played in both processes)."""
+        if self._served.alive:
+            self._served.share(item, value)
 
     def _take(self, item: Item) -> None:
         if item not in self._taken:

@@ -357,6 +357,8 @@ class LayoutMemory:
         key = self.key(layout)
         if kind == "step":
             self._steps[key] = StepMemory.of_trace(self._ranks.pop(key, None) or self._rank_trace(layout))
+            if self.ahead is not None:  # the child's line of this layout needs it
+                self.ahead.share(("step", key), self._steps[key])
             return
         assert kind == "line" and self.second is not None, kind
         second = StepMemory.of_trace(rank_trace(self.tensor_trace(layout.tp, second=True), layout,

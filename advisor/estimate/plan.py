@@ -540,11 +540,12 @@ def estimate_parallel(trace: StepTrace, settings: EstimateSettings, target: Esti
 def likely_layouts(db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,
                    layouts: LayoutMemory, alone: StepMemory) -> list[tuple[str, Layout]]:
     """The layouts whose memory an estimate of `targets` is likely to ask for, in the order it is likely to:
-    one GPU's step and line, then per GPU count, fewest first, each strategy's step (the leanest first) and
-    their lines (only the strategy chosen at a count needs one: the likeliest first). The counts: --gpus's, else
-    per GPU type that does not hold `alone` (one GPU's step) the fewest GPUs the cheap bounds of smallest_fit
-    (lean_ruled_out) leave, and the next count (where the re-play finds that they do not hold it after all).
-    An item asked for at several counts or by several GPU types (DDP's) is listed once (LayoutMemory.key)."""
+    one GPU's step and line, then per GPU count, fewest first, each strategy's step (the leanest first) and the
+    lines of the LIKELY_LINES strategies likeliest to be chosen (only the one chosen at a count needs one). The
+    counts: --gpus's, else per GPU type that does not hold `alone` (one GPU's step) the fewest GPUs the cheap
+    bounds of smallest_fit (lean_ruled_out) leave. An item asked for at several counts or by several GPU types
+    (DDP's) is listed once (LayoutMemory.key). What is not listed (another strategy's line, the next count where
+    the re-play finds that the fewest GPUs do not hold the job after all) is made when asked for."""
     wanted: dict[tuple[str, tuple[str, bool, int, int]], tuple[str, Layout]] = {}
 
     def add(kind: str, layout: Layout) -> None:
@@ -576,21 +577,20 @@ def likely_layouts(db: HardwareDB, targets: Sequence[EstimateTarget], settings: 
     for count in sorted(by_count):
         for layout in by_count[count]:
             add("step", layout)
-        for layout in sorted(by_count[count], key=lambda layout: LINE_LIKELIHOOD.get(layout.strategy, 0)):
+        distinct = {LayoutMemory.key(layout): layout for layout in by_count[count]}.values()  # GPU types alike
+        for layout in sorted(distinct, key=lambda layout: LINE_LIKELIHOOD.get(layout.strategy, 0))[:LIKELY_LINES]:
             add("line", layout)
     return list(wanted.values())
 
 
 def _likely_counts(db: HardwareDB, target: EstimateTarget, settings: EstimateSettings,
                    layouts: LayoutMemory) -> list[int]:
-    """The GPU counts smallest_fit is likely to size `target`'s type at: the fewest the bounds leave, and the next."""
+    """The GPU count smallest_fit is likely to size `target`'s type at: the fewest the bounds leave (none: [])."""
     assert target.gpu is not None
-    counts = scale_out_counts(db, target.gpu)
-    for index, count in enumerate(counts):
+    for count in scale_out_counts(db, target.gpu):
         machines = machines_for(db, target.gpu, count)
-        if isinstance(machines, str) or lean_ruled_out(layouts, target, db, machines, settings):
-            continue
-        return counts[index:index + 2]
+        if not isinstance(machines, str) and not lean_ruled_out(layouts, target, db, machines, settings):
+            return [count]
     return []
 
 
@@ -621,6 +621,13 @@ LINE_LIKELIHOOD = {"zero2": -3, "fsdp": -2, "zero1": -1}
 """The strategies whose line against the batch a job is likeliest to need, first: at the fewest GPUs that hold a
 job one GPU cannot, mostly only the sharded ones fit, and the fastest of those is chosen (the 7B example over
 every GPU: ZeRO-2 and FSDP)."""
+
+
+LIKELY_LINES = 2
+"""Lines listed per GPU count (likely_layouts), the likeliest first (LINE_LIKELIHOOD). The child re-playing
+layouts goes down the list until it is stopped, and this process takes the next items it has not started while
+it waits: listing every strategy's line and the next count, the 7B example over every GPU re-played 19 to 24
+layouts where 16 are asked for (ZeRO-1's and DDP's lines, eight-GPU machines of a count no GPU type needed)."""
 
 
 def spreads(target: EstimateTarget) -> bool:

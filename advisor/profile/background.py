@@ -278,12 +278,14 @@ the temp folder."""
 
 class JobChannel:
     """A served job's side of the channel, in the child: `skipped(key)` tells whether the parent has done
-    that item itself (its notes read as they come), `emit(key, value)` sends an item's value, `starting(key)`
-    says which item the child works on (the parent waits for that one rather than doing it again)."""
+    that item itself (its notes read as they come), `given()` what the parent made and shared (Served.share),
+    `emit(key, value)` sends an item's value, `starting(key)` says which item the child works on (the parent
+    waits for that one rather than doing it again)."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._skipped: set[object] = set()
+        self._given: list[tuple[object, object]] = []
         self.stopped = False
 
     def _read_notes(self) -> None:
@@ -293,6 +295,15 @@ class JobChannel:
                 self.stopped = True
             elif note[0] == "skip":
                 self._skipped.add(note[1])
+            elif note[0] == "made":
+                self._skipped.add(note[1])
+                self._given.append((note[1], note[2]))
+
+    def given(self) -> list[tuple[object, object]]:
+        """(key, value) of each item the parent made and shared since the last call."""
+        self._read_notes()
+        found, self._given = self._given, []
+        return found
 
     def skipped(self, key: object) -> bool:
         self._read_notes()
@@ -374,6 +385,14 @@ class Served:
         """Tell the child that `key` was done here."""
         try:
             self._connection.send(("skip", key))
+        except (OSError, ValueError):
+            self.alive = False
+
+    def share(self, key: object, value: object) -> None:
+        """Give the child `key`'s value, made here (a small one: it goes through the pipe): the child skips that
+        item and may use the value for others (JobChannel.given)."""
+        try:
+            self._connection.send(("made", key, value))
         except (OSError, ValueError):
             self.alive = False
 
