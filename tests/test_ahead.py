@@ -192,7 +192,8 @@ def test_a_step_made_here_is_given_to_the_child_which_then_skips_it() -> None:
         layouts_job(None, "the first step", [("step", FSDP2), ("line", FSDP2)], {}, JobChannel(pipe))
     finally:
         ahead.LayoutMemory = real
-    assert pipe.sent == [("starting", item("line", FSDP2), None), ("item", item("line", FSDP2), ("line of", "made here"))]
+    line = item("line", FSDP2)
+    assert pipe.sent == [("starting", line, None), ("item", line, ("line of", "made here"))]
 
 
 def test_the_child_is_sent_the_first_step_only_where_an_item_reads_it() -> None:
@@ -227,7 +228,6 @@ def test_the_child_is_sent_the_first_steps_ops_only_for_a_tensor_parallel_layout
 def test_one_gpus_line_made_by_the_child_without_the_first_step_is_the_one_made_here(monkeypatch) -> None:
     # GPT-2 small fits one H100: the child is asked for one GPU's line alone and sent no first step (None in
     # the job's arguments); the estimate is the one made with no child
-    import advisor.estimate.plan as estimate_plan
     from advisor.app.plan import plan
     from advisor.app.request import PlanRequest
     from advisor.hardware.loader import load_hwdb

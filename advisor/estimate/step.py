@@ -691,7 +691,8 @@ class _Clock:
         self.host = self.device = 0.0
         self.by_bound = dict.fromkeys(BOUNDS, 0.0)
         self.ops: list[OpTime] = []
-        self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, str, float]] = {}  # _timed, by kind and hit
+        self.kernels: dict[tuple, tuple[OpClass, float, float, float, float, str, float]] = {}
+        """_timed's figures by (kind, L2 hit): each kind of op is timed once per device."""
         self.read_back = False
         """Whether a queued op read a value back (OpRecord.synchronizes): the host waited for the device."""
 

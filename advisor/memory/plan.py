@@ -278,7 +278,7 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
         trace_cache.store(second_key, found)
         return found.memory_only()
 
-    sibling = Sibling(2 * batch, serves=serve, sent_as=kept_and_sent)  # traced in a child forked once the model is built
+    sibling = Sibling(2 * batch, serves=serve, sent_as=kept_and_sent)  # a child forked once the model is built
     try:
         trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
     except BaseException:  # a step that failed once the child was forked: the child is of no use

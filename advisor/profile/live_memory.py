@@ -15,9 +15,7 @@ Autocast's low-precision copies of weights are `weight_copies`.
 
 from __future__ import annotations
 
-import bisect
 import itertools
-
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -151,11 +149,11 @@ class LiveMemory:
         live = np.cumsum(deltas)
         ticks = np.fromiter(self.event_ticks, np.int64, len(self.event_ticks))
         # as phase_at: a tick before the first start is the first phase's
-        phase_of = np.maximum(np.searchsorted(np.asarray(starts, np.int64), ticks, side="right") - 1, 0)
+        phase_index = np.maximum(np.searchsorted(np.asarray(starts, np.int64), ticks, side="right") - 1, 0)
         allocation = events >= 0
         best = []  # per phase: (bytes, event position, tick), bytes -1 where the phase allocated nothing
         for index in range(len(phases)):
-            candidates = np.where(allocation & (phase_of == index), live, -1)
+            candidates = np.where(allocation & (phase_index == index), live, -1)
             position = int(np.argmax(candidates)) if len(candidates) else 0
             found = int(candidates[position]) if len(candidates) else -1  # the first position of the highest
             best.append((found, position, int(ticks[position])) if found >= 0 else (-1, 0, BEFORE_STEP))
