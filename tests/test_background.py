@@ -80,6 +80,7 @@ def test_an_error_in_the_parent_kills_the_child() -> None:
 
 @needs_fork
 def test_both_batches_give_the_same_memory_in_one_process_or_two() -> None:
+    skip_unless_a_child_can_trace()  # else both pairs are traced here
     model = load_model_file("mlp")
     settings = MemorySettings(batch_size=8, precision="fp32", optimizer="adamw")
     forked = trace_both_batches(model, settings, parallel=True)
