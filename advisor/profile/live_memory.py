@@ -145,7 +145,7 @@ class LiveMemory:
         phases = list(self.phase_starts)
         starts = [self.phase_starts[phase] for phase in phases]
         assert starts == sorted(starts), "phases start in the order they ran"
-        events, deltas = self._deltas(sizes)
+        events, storage, deltas = self._deltas(sizes)
         live = np.cumsum(deltas)
         ticks = np.fromiter(self.event_ticks, np.int64, len(self.event_ticks))
         # as phase_at: a tick before the first start is the first phase's
@@ -157,7 +157,8 @@ class LiveMemory:
             position = int(np.argmax(candidates)) if len(candidates) else 0
             found = int(candidates[position]) if len(candidates) else -1  # the first position of the highest
             best.append((found, position, int(ticks[position])) if found >= 0 else (-1, 0, BEFORE_STEP))
-        breakdowns = self._breakdowns(sizes, [position for found, position, _ in best if found >= 0], deltas)
+        breakdowns = self._breakdowns(sizes, [position for found, position, _ in best if found >= 0],
+                                      (storage, deltas))
         peaks = {}
         for phase, (found, position, tick) in zip(phases, best):
             if found < 0:  # the phase allocated nothing: its peak is what it started with
@@ -166,11 +167,13 @@ class LiveMemory:
                 peaks[phase] = MemoryPeak(found, tick, self.phase_of(tick), breakdowns[position])
         return peaks
 
-    def _deltas(self, sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The events as an array, and the bytes each adds to what is live (a free's negative)."""
+    def _deltas(self, sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The events as an array, the storage each allocates or frees, and the bytes each adds to what is live
+        (a free's negative)."""
         events = np.fromiter(self.events, np.int64, len(self.events))
-        signed = np.fromiter(sizes, np.int64, len(sizes))[np.where(events >= 0, events, ~events)]
-        return events, np.where(events >= 0, signed, -signed)
+        storage = np.where(events >= 0, events, ~events)
+        signed = np.fromiter(sizes, np.int64, len(sizes))[storage]
+        return events, storage, np.where(events >= 0, signed, -signed)
 
     def _peak_at_tick(self, sizes: list[int], tick: int) -> MemoryPeak:
         position = max((i for i, t in enumerate(self.event_ticks) if t < tick), default=-1)
@@ -178,20 +181,18 @@ class LiveMemory:
         return MemoryPeak(sum(breakdown.values()), tick, self.phase_of(tick), breakdown)
 
     def _breakdowns(self, sizes: Sequence[int], positions: list[int],
-                    deltas: np.ndarray | None = None) -> dict[int, dict[str, int]]:
+                    arrays: tuple[np.ndarray, np.ndarray] | None = None) -> dict[int, dict[str, int]]:
         """_breakdown at each of `positions`: live bytes by category after each, one running sum per category
         over the events (each storage is allocated once and freed at most once, after); a position before the
-        first event (-1) has nothing live. `deltas`: _deltas(sizes)[1], where the caller has them."""
+        first event (-1) has nothing live. `arrays`: _deltas(sizes)[1:], where the caller has them."""
         found = {position: dict.fromkeys(CATEGORIES, 0) for position in positions if position < 0}
         wanted = np.asarray(sorted({position for position in positions if position >= 0}), np.int64)
         if not len(wanted):
             return found
-        if deltas is None:
-            deltas = self._deltas(sizes)[1]
-        events = np.fromiter(self.events, np.int64, len(self.events))
+        storage, deltas = self._deltas(sizes)[1:] if arrays is None else arrays
         code = {category: index for index, category in enumerate(CATEGORIES)}
         category_of = np.fromiter((code[s.category] for s in self.storages), np.int64, len(self.storages))
-        event_category = category_of[np.where(events >= 0, events, ~events)]
+        event_category = category_of[storage]
         sums = {category: np.cumsum(np.where(event_category == index, deltas, 0))[wanted]
                 for category, index in code.items()}
         for column, position in enumerate(wanted.tolist()):
