@@ -87,6 +87,25 @@ def test_a_line_waits_for_its_step_before_it_is_made_here_while_waiting() -> Non
     assert tables.made == {item("step", ZERO2): "here", item("step", FSDP4): "here", item("step", FSDP2): "sent 1"}
 
 
+def test_while_the_child_still_traces_this_process_makes_the_steps_it_has_not_started() -> None:
+    # waiting for the second trace three times: FSDP-2's and ZeRO-2's steps are made here and skipped there;
+    # then the trace arrives (waiting() is False) and FSDP-4's step is left to the child
+    ahead, child, tables = ahead_of([])
+    answers = iter([True, True, False])
+    assert ahead.steps_while(lambda: next(answers)) == 2
+    assert tables.made == {item("step", FSDP2): "here", item("step", ZERO2): "here"}
+    assert child.skipped == [item("step", FSDP2), item("step", ZERO2)]
+
+
+def test_while_waiting_no_line_is_made_here_nor_a_step_the_child_started() -> None:
+    # the child is on FSDP-2's step: this process makes ZeRO-2's and FSDP-4's and stops before FSDP-2's line
+    # (a line needs the second trace it waits for), though still waiting
+    ahead, child, tables = ahead_of([[("starting", item("step", FSDP2), None)]])
+    assert ahead.steps_while(lambda: True) == 2
+    assert tables.made == {item("step", ZERO2): "here", item("step", FSDP4): "here"}
+    assert child.skipped == [item("step", ZERO2), item("step", FSDP4)]
+
+
 def test_a_child_that_failed_leaves_every_item_to_the_caller() -> None:
     ahead, child, tables = ahead_of([[("starting", item("step", FSDP2), None), ("failed", None, None)]])
     ahead.await_item(item("step", FSDP2))
@@ -178,6 +197,9 @@ def test_a_step_made_here_is_given_to_the_child_which_then_skips_it() -> None:
             self.absorbed.append(item)
             self.steps[item[1]] = value
 
+        def has(self, found):
+            return found[0] == "step" and found[1] in self.steps
+
         def step(self, layout):
             return self.steps.get(item("step", layout)[1], "made in the child")
 
@@ -194,6 +216,21 @@ def test_a_step_made_here_is_given_to_the_child_which_then_skips_it() -> None:
         ahead.LayoutMemory = real
     line = item("line", FSDP2)
     assert pipe.sent == [("starting", line, None), ("item", line, ("line of", "made here"))]
+
+    class LatePipe(Pipe):  # the parent took FSDP-2's step; it comes made once the child sent two messages
+        def poll(self, timeout=0):
+            return bool(self.notes) and (self.notes[0][0] == "skip" or len(self.sent) >= 2)
+
+    pipe = LatePipe([("skip", step_key), ("made", step_key, "made here")])
+    ahead.LayoutMemory = Memory
+    try:  # FSDP-2's line waits for its step, made there, while ZeRO-2's line is made: no step made twice
+        layouts_job(None, "the first step", [("step", FSDP2), ("line", FSDP2), ("line", ZERO2)], {},
+                    JobChannel(pipe))
+    finally:
+        ahead.LayoutMemory = real
+    zero2 = item("line", ZERO2)
+    assert pipe.sent == [("starting", zero2, None), ("item", zero2, ("line of", "made in the child")),
+                         ("starting", line, None), ("item", line, ("line of", "made here"))]
 
 
 def test_the_child_is_sent_the_first_step_only_where_an_item_reads_it() -> None:

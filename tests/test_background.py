@@ -48,6 +48,21 @@ def test_a_child_that_may_fork_again_runs_the_forked_trace_pair_itself() -> None
 
 
 @needs_fork
+def test_ready_says_whether_the_value_came_without_waiting_for_it() -> None:
+    read_end, write_end = os.pipe()  # the child sends once the test writes a byte
+    with ForkedCall(lambda: os.read(read_end, 1)) as child:
+        pass
+    assert not child.ready()  # still blocked on the pipe
+    os.write(write_end, b"x")
+    deadline = time.perf_counter() + 30
+    while not child.ready() and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert child.ready() and child.result(timeout_s=0) == b"x"
+    assert child.ready()  # read: nothing to wait for
+    os.close(read_end), os.close(write_end)
+
+
+@needs_fork
 def test_a_failing_or_unpicklable_child_gives_none() -> None:
     def fails() -> None:
         raise ValueError("in the child")

@@ -15,7 +15,7 @@ slow, everything is done here, as without it.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from advisor.estimate.parallel import LayoutMemory
 from advisor.memory.estimate import StepMemory
@@ -40,14 +40,44 @@ def layouts_job(second: StepTrace, first: StepTrace | None, wanted: Sequence[tup
     needs it (needs_first): then `second` stands in for it, and only its own memory is read."""
     assert first is not None or not needs_first(wanted, made), "an item needs the first step"
     memory = LayoutMemory(second if first is None else first, second, {"steps": made})
+    deferred: list[Layout] = []  # lines whose step the parent is making: done last, with its step
     for kind, layout in wanted:
-        for given, value in channel.given():  # steps the parent made since: a line here needs its step
-            memory.absorb(given, value)  # type: ignore[arg-type]
+        _absorb_given(memory, channel)
         item = item_of(kind, layout)
         if channel.skipped(item):
             continue
+        if kind == "line" and _step_made_there(memory, channel, layout):
+            deferred.append(layout)
+            continue
         channel.starting(item)
         channel.emit(item, memory.step(layout) if kind == "step" else memory.batch_model(layout))
+    for layout in deferred:
+        deadline = time.perf_counter() + STEP_WAIT_S
+        while _step_made_there(memory, channel, layout) and time.perf_counter() < deadline:
+            channel.wait(deadline - time.perf_counter())
+            _absorb_given(memory, channel)
+        item = item_of("line", layout)
+        if not channel.skipped(item):  # else the parent made the line too
+            channel.starting(item)
+            channel.emit(item, memory.batch_model(layout))
+
+
+STEP_WAIT_S = 2.0
+"""Seconds the child waits for a step the parent is making, once nothing else is left to do, before it makes
+the step itself (the 7B example's steps take 20-40 ms)."""
+
+
+def _absorb_given(memory: LayoutMemory, channel: JobChannel) -> None:
+    """The steps the parent made and shared since: a line here needs its step."""
+    for given, value in channel.given():
+        memory.absorb(given, value)  # type: ignore[arg-type]
+
+
+def _step_made_there(memory: LayoutMemory, channel: JobChannel, layout: Layout) -> bool:
+    """Whether the parent took the layout's step (it is making it, and shares it once made) and it has not come:
+    a line here would re-play the same step again (two of the 7B example's 20 re-plays did)."""
+    step = item_of("step", layout)
+    return not memory.has(step) and channel.skipped(step)
 
 
 def needs_first(wanted: Sequence[tuple[str, Layout]], made: Collection[tuple[str, bool, int, int]]) -> bool:
@@ -125,6 +155,22 @@ class LayoutsAhead:
                 self._take(item)
                 return
             self.drain(min(left, 1.0))
+
+    def steps_while(self, waiting: Callable[[], bool]) -> int:
+        """While `waiting()` (the child still traces the second batch, which every line needs), make here the
+        wanted steps it has not started, in its order (it is told to skip them and is given each: its lines
+        need them); the number made. A step is made whole once begun: the second trace waits at most one."""
+        made = 0
+        while waiting():
+            self.drain()
+            step = next(((item, layout) for item, kind, layout in self._wanted[self._position + 1:]
+                         if kind == "step" and item not in self._taken and not self._memory.has(item)), None)
+            if step is None:
+                break
+            self._take(step[0])
+            self._memory.make("step", step[1])
+            made += 1
+        return made
 
     def share(self, item: Item, value: StepMemory) -> None:
         """Give the child a step made here: a line it makes needs its step, which it made again (two or three

@@ -797,6 +797,8 @@ def _estimate_traced(model: ModelFile, db: HardwareDB, targets: Sequence[Estimat
     singles = {target.id: step_time(trace, settings, target, lowered) for target in targets
                if target.device.kind == "gpu" and not (settings.num_gpus is not None and settings.num_gpus > 1
                                                         and spreads(target))}  # each GPU's step alone
+    if layouts.ahead is not None:  # the child still traces: take layouts' steps off its list meanwhile
+        layouts.ahead.steps_while(pending.waits)
     second = pending.get()
     assert second.batch_size != trace.batch_size == memory_settings.traced_batch  # twice it, or half (trace_pair)
     batch_model = layouts.batch_model(ONE_GPU)

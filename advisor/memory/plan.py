@@ -190,10 +190,14 @@ class SecondTrace:
     `abandon()`s it where that raised (the child is stopped)."""
 
     def __init__(self, produce: Callable[[], StepTrace], abandon: Callable[[], None] = lambda: None,
-                 served: Callable[[], Served | None] = lambda: None) -> None:
+                 served: Callable[[], Served | None] = lambda: None,
+                 arrived: Callable[[], bool] = lambda: True) -> None:
+        """`arrived`: whether `produce` would return without waiting for a child (one tracing the step sent it,
+        or none traces it)."""
         self._produce: Callable[[], StepTrace] | None = produce
         self._abandon = abandon
         self._served = served
+        self._arrived = arrived
         self._trace: StepTrace | None = None
 
     @classmethod
@@ -206,6 +210,11 @@ class SecondTrace:
             self._trace = produce()
         assert self._trace is not None
         return self._trace
+
+    def waits(self) -> bool:
+        """Whether get() would wait for the child still tracing it (False once it sent, or where get() traces it
+        here: waiting for nothing else)."""
+        return self._produce is not None and not self._arrived()
 
     def abandon(self) -> None:
         """Stop the child where it still runs (nothing once get() returned and no child serves)."""
@@ -289,7 +298,7 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
         found = sibling.collect()
         return traced_here() if found is None else found
 
-    return trace, SecondTrace(collected, sibling.abandon, sibling.served)
+    return trace, SecondTrace(collected, sibling.abandon, sibling.served, sibling.ready)
 
 
 def step_memory(trace: StepTrace, second: StepTrace) -> tuple[StepMemory, BatchMemoryModel]:

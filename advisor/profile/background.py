@@ -122,6 +122,15 @@ class ForkedCall(Generic[T]):
                 self._receiver.close()
         return value if succeeded else None
 
+    def ready(self) -> bool:
+        """Whether result() would return without waiting: the child sent its value, or is gone, or it was read."""
+        if not self.unread:
+            return True
+        try:
+            return self._receiver.poll(0)  # True at end of file too (the child died)
+        except OSError:
+            return True
+
     @property
     def unread(self) -> bool:
         """Whether result() has yet to be called (and the call was not closed before)."""
@@ -308,6 +317,12 @@ class JobChannel:
     def skipped(self, key: object) -> bool:
         self._read_notes()
         return self.stopped or key in self._skipped
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` seconds for the parent's next note, and read what came."""
+        if not self.stopped and timeout_s > 0:
+            self._connection.poll(timeout_s)
+        self._read_notes()
 
     def starting(self, key: object) -> None:
         self._connection.send(("starting", key, None))

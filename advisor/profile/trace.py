@@ -752,6 +752,10 @@ class Sibling:
                 self.child = None
         return self.trace
 
+    def ready(self) -> bool:
+        """Whether collect() would return without waiting for the child (it sent its step, or none runs)."""
+        return self.child is None or self.child.ready()
+
     def served(self) -> Served | None:
         """The serving child's job channel (None: no child serves); jobs sent before its step is collected wait
         for it. Its caller closes it (Served.close); abandon() does too."""
