@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,12 @@ def isolated_user_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     """No test sees the developer's ~/.config/gpu-advisor or $GPU_ADVISOR_HWDB."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg")))
     monkeypatch.delenv("GPU_ADVISOR_HWDB", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def no_kept_worker() -> Iterator[None]:
+    """No test inherits the child an earlier test's estimate kept for the next (memory.plan.keep_worker)."""
+    yield
+    kept = sys.modules.get("advisor.memory.plan")
+    if kept is not None:
+        kept.close_kept_worker()

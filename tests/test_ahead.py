@@ -9,6 +9,7 @@ import json
 import pytest
 
 from advisor.estimate.ahead import LayoutsAhead
+from advisor.memory.plan import close_kept_worker
 from advisor.parallel.strategy import Layout
 from advisor.profile.background import can_fork
 
@@ -135,9 +136,51 @@ def test_the_estimate_is_the_same_with_the_child_replaying_layouts_or_without(mo
     monkeypatch.setattr(background, "can_fork", lambda: False)
     monkeypatch.setattr(estimate_plan.LayoutsAhead, "start", lambda *args: pytest.fail("no child to send to"))
     monkeypatch.setattr("advisor.memory.plan.can_fork", lambda: False)
+    close_kept_worker()  # the child the first estimate kept would trace and serve the next
     alone = plan(request, db)
     assert sum(r.scale_out is not None for r in alone.results) == 2
     assert json.dumps(ahead.to_dict(), sort_keys=True, default=str) == \
+        json.dumps(alone.to_dict(), sort_keys=True, default=str)
+
+
+@pytest.mark.skipif(not can_fork(), reason="needs fork, two CPUs and no other thread")
+def test_the_next_estimate_of_a_model_is_traced_by_the_child_kept_and_is_the_same(monkeypatch) -> None:
+    # the child that traced and served one estimate traces the next estimate's larger batch without a fork
+    # (memory.plan.keep_worker); another model stops it and forks its own
+    from dataclasses import replace
+
+    import advisor.memory.plan as memory_plan
+    from advisor.app.plan import plan
+    from advisor.app.request import PlanRequest
+    from advisor.hardware.loader import load_hwdb
+    from advisor.profile import background
+
+    if not can_fork():
+        pytest.skip("a backward ran in this process on a torch build with autograd device threads")
+    forked: list[bool] = []
+    init = background.ForkedCall.__init__
+    monkeypatch.setattr(background.ForkedCall, "__init__",
+                        lambda self, *args, **kwargs: forked.append(True) or init(self, *args, **kwargs))
+    request = PlanRequest(model="gpt2_small", gpus=("h100-sxm", "rtx-4090"), plans="never", input_pipeline=False)
+    db = load_hwdb()
+    plan(request, db)
+    assert len(forked) == 1 and len(memory_plan._kept) == 1
+    kept = memory_plan._kept[0][1]
+    larger = replace(request, batch_size=16)
+    again = plan(larger, db)  # traced at 16 here and at 32 by the kept child
+    assert len(forked) == 1 and memory_plan._kept == [(memory_plan._kept[0][0], kept)]
+    assert again.second is not None and again.second.batch_size == 32
+    plan(replace(request, model="mlp"), db)  # kept beside it (KEPT_WORKERS: two)
+    assert len(forked) == 2 and kept._process.is_alive() and len(memory_plan._kept) == 2
+    monkeypatch.setattr(memory_plan, "KEPT_WORKERS", 1)
+    plan(replace(request, model="mlp"), db)  # the oldest is stopped
+    assert len(forked) == 2 and not kept._process.is_alive() and len(memory_plan._kept) == 1
+    monkeypatch.setattr(background, "can_fork", lambda: False)
+    monkeypatch.setattr("advisor.memory.plan.can_fork", lambda: False)
+    close_kept_worker()
+    alone = plan(larger, db)  # both steps traced here
+    assert len(forked) == 2
+    assert json.dumps(again.to_dict(), sort_keys=True, default=str) == \
         json.dumps(alone.to_dict(), sort_keys=True, default=str)
 
 
@@ -283,6 +326,7 @@ def test_one_gpus_line_made_by_the_child_without_the_first_step_is_the_one_made_
     assert first is None and [kind for kind, _ in wanted] == ["line"] and len(made) == 1
     monkeypatch.setattr(background, "can_fork", lambda: False)
     monkeypatch.setattr("advisor.memory.plan.can_fork", lambda: False)
+    close_kept_worker()
     alone = plan(request, db)
     assert ahead.results[0].memory.max_batch_size == alone.results[0].memory.max_batch_size > 8
     assert json.dumps(ahead.to_dict(), sort_keys=True, default=str) == \

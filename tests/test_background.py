@@ -205,6 +205,60 @@ def test_a_serving_child_runs_jobs_on_its_value_and_skips_what_the_parent_did() 
     assert not child._process.is_alive() and not served.alive
 
 
+def _kept_again(value: int) -> tuple[int, str]:
+    """An "again" job (ForkedCall.again): the child keeps `value` and sends what it is."""
+    return value, f"kept {value}"
+
+
+def _fails_again() -> tuple[int, int]:
+    raise ValueError("in the child")
+
+
+def _items(served) -> list[tuple]:
+    """(key, value) of each item a job sent, read to its end."""
+    messages: list[tuple] = []
+    while not messages or messages[-1][0] not in ("done", "failed"):
+        messages += served.poll(timeout_s=30)
+    assert messages[-1][0] == "done"
+    return [(key, value) for kind, key, value in messages if kind == "item"]
+
+
+@needs_fork
+def test_a_serving_child_makes_its_value_again_and_serves_jobs_on_the_new_one() -> None:
+    with ForkedCall(lambda: 10, serves=True) as child:
+        pass
+    assert child.result(timeout_s=30) == 10
+    assert child.again(_kept_again, 7) and child.unread
+    assert not child.again(_kept_again, 8)  # one value at a time: the first is not read
+    assert child.result(timeout_s=30) == "kept 7"  # what it sent; it keeps 7
+    served = child.served()
+    assert served is not None and served.submit(_emit_multiples_after_go, 3)
+    served.skip("go")
+    assert _items(served) == [(0, 0), (1, 7), (2, 14)]
+    assert child.idle(timeout_s=5)  # no job open
+    files = [parcel.path for parcel in child._job_parcels]
+    child.close()
+    assert not child._process.is_alive() and not any(os.path.exists(path) for path in files)
+
+
+@needs_fork
+def test_idle_ends_the_job_left_open_and_a_child_that_fails_again_is_stopped() -> None:
+    with ForkedCall(lambda: 10, serves=True) as child:
+        pass
+    assert child.result(timeout_s=30) == 10
+    served = child.served()
+    assert served is not None and served.submit(_emit_multiples_after_go, 1000)  # waits for a "go" never sent
+    assert not child.again(_kept_again, 7)  # a job is open
+    assert child.idle(timeout_s=30)  # told to end it: its items skipped, its messages dropped
+    assert child.again(_kept_again, 5) and child.result(timeout_s=30) == "kept 5"
+    served = child.served()
+    assert served is not None and served.submit(_emit_multiples_after_go, 2)
+    served.skip("go")
+    assert _items(served) == [(0, 0), (1, 5)]  # nothing of the job before
+    assert child.again(_fails_again)
+    assert child.result(timeout_s=30) is None and not child._process.is_alive()
+
+
 @needs_fork
 def test_a_serving_child_closed_before_it_read_its_job_leaves_no_file() -> None:
     # the estimate can end before its child has sent its own trace: the job's file was never read

@@ -52,12 +52,13 @@ def layouts_job(second: StepTrace, first: StepTrace | None, wanted: Sequence[tup
         channel.starting(item)
         channel.emit(item, memory.step(layout) if kind == "step" else memory.batch_model(layout))
     for layout in deferred:
+        item = item_of("line", layout)
         deadline = time.perf_counter() + STEP_WAIT_S
-        while _step_made_there(memory, channel, layout) and time.perf_counter() < deadline:
+        while not channel.skipped(item) and _step_made_there(memory, channel, layout) \
+                and time.perf_counter() < deadline:
             channel.wait(deadline - time.perf_counter())
             _absorb_given(memory, channel)
-        item = item_of("line", layout)
-        if not channel.skipped(item):  # else the parent made the line too
+        if not channel.skipped(item):  # else the parent made the line too (or needs no more of this job)
             channel.starting(item)
             channel.emit(item, memory.batch_model(layout))
 

@@ -773,9 +773,12 @@ def _estimate_model(model: ModelFile, db: HardwareDB, targets: Sequence[Estimate
     else:  # the child tracing the second batch stays to re-play layouts (estimate/ahead.py)
         trace, pending = trace_pair(model, memory_settings, trace, progress, serve=True)
     try:
-        return _estimate_traced(model, db, targets, settings, progress, trace, pending, pipeline)
-    finally:
+        estimate = _estimate_traced(model, db, targets, settings, progress, trace, pending, pipeline)
+    except BaseException:
         pending.abandon()  # stops a child still serving
+        raise
+    pending.done()  # a child that served is kept for the next estimate of this model
+    return estimate
 
 
 def _estimate_traced(model: ModelFile, db: HardwareDB, targets: Sequence[EstimateTarget], settings: EstimateSettings,

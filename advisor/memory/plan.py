@@ -10,7 +10,7 @@ from advisor.errors import UserError
 from advisor.hardware.specs import GPUSpec, HardwareDB
 from advisor.memory.estimate import (BatchMemoryModel, DeviceMemory, StepMemory, capped_replay, device_memory,
                                      parameter_formula_bytes)
-from advisor.profile.background import Served, can_fork
+from advisor.profile.background import ForkedCall, Served, can_fork
 from advisor.profile.adapters import Adaptation
 from advisor.profile.choices import FILE_OPTIMIZER, precision_of
 from advisor.profile import trace_cache
@@ -191,13 +191,14 @@ class SecondTrace:
 
     def __init__(self, produce: Callable[[], StepTrace], abandon: Callable[[], None] = lambda: None,
                  served: Callable[[], Served | None] = lambda: None,
-                 arrived: Callable[[], bool] = lambda: True) -> None:
+                 arrived: Callable[[], bool] = lambda: True, keep: Callable[[], None] | None = None) -> None:
         """`arrived`: whether `produce` would return without waiting for a child (one tracing the step sent it,
-        or none traces it)."""
+        or none traces it); `keep`: keep the serving child for the next estimate of the model (else abandon)."""
         self._produce: Callable[[], StepTrace] | None = produce
         self._abandon = abandon
         self._served = served
         self._arrived = arrived
+        self._keep = keep or abandon
         self._trace: StepTrace | None = None
 
     @classmethod
@@ -220,6 +221,14 @@ class SecondTrace:
         """Stop the child where it still runs (nothing once get() returned and no child serves)."""
         self._produce = None
         self._abandon()
+
+    def done(self) -> None:
+        """The estimate is made: a child that serves is kept for the next estimate of the same model (it traces
+        that one's larger batch without a fork: keep_worker), where get() read its step; else stopped."""
+        if self._produce is not None:  # never read: of no use
+            self.abandon()
+        else:
+            self._keep()
 
     def served(self) -> Served | None:
         """The child tracing it, which stays to serve jobs on it where trace_pair was asked to (`serve`): a job
@@ -247,7 +256,9 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
     SecondTrace.get() waits for it. The traces are the same either way, but that the child sends the second's
     memory alone (StepTrace.memory_only: all the memory line and the layouts read of it), having stored the
     whole step in the trace cache itself. With `serve`, that child then stays
-    to run jobs on its trace (SecondTrace.served), until the caller closes it or abandon()s the pair."""
+    to run jobs on its trace (SecondTrace.served), until the caller closes it or abandon()s the pair; once the
+    caller is done (SecondTrace.done) it is kept (keep_worker), and the next pair of the same model is traced
+    by it, not by a child forked anew: no copy-on-write faults, torch's fake-tensor cache filled (methods.md)."""
     batch = settings.traced_batch
     assert trace is None or trace.batch_size == batch, "the trace must be of the settings' batch"
     if trace is None:  # the trace cache's, when a run before traced it; the second step's with it
@@ -275,7 +286,8 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
                  "outgrew this machine")
         return trace_for_memory(model, settings, batch // 2, attention)  # which stores it in the trace cache
 
-    if trace is not None or not (parallel and can_fork()):
+    worker = _kept_worker(model, settings, 2 * batch, attention) if serve and parallel and trace is None else None
+    if worker is None and (trace is not None or not (parallel and can_fork())):
         if trace is None:
             progress(f"tracing a training step of {model.source} at batch {batch}")
             trace = trace_for_memory(model, settings, batch, attention, progress)
@@ -287,7 +299,13 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
         trace_cache.store(second_key, found)
         return found.memory_only()
 
-    sibling = Sibling(2 * batch, serves=serve, sent_as=kept_and_sent)  # a child forked once the model is built
+    if worker is not None:  # the child kept from the estimate before: it traces twice the batch from now
+        sibling = Sibling(2 * batch, serves=True, child=worker, made_elsewhere=True)
+    else:  # a child forked once the model is built
+        sibling = Sibling(2 * batch, serves=serve, sent_as=kept_and_sent)
+        if serve:
+            _worker_model.clear()
+            _worker_model.append((worker_key(model), model))  # the child's, to trace again (_trace_again)
     try:
         trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
     except BaseException:  # a step that failed once the child was forked: the child is of no use
@@ -298,7 +316,81 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
         found = sibling.collect()
         return traced_here() if found is None else found
 
-    return trace, SecondTrace(collected, sibling.abandon, sibling.served, sibling.ready)
+    def keep() -> None:
+        child = sibling.release()
+        if child is not None:
+            keep_worker(worker_key(model), child)
+
+    return trace, SecondTrace(collected, sibling.abandon, sibling.served, sibling.ready, keep if serve else None)
+
+
+WORKER_IDLE_S = 0.5
+"""Seconds an estimate's end waits for its serving child to drop the jobs left (its current re-play ends), before
+it stops the child instead of keeping it."""
+
+KEPT_WORKERS = 2
+"""Serving children kept at most, the last estimates' of different models (two: a comparison of two models
+alternates between them)."""
+
+_kept: list[tuple[tuple[str, int | None, bool], ForkedCall[StepTrace]]] = []
+"""The serving children kept from the last estimates, the latest last, with worker_key of their model."""
+
+_worker_model: list[tuple[tuple[str, int | None, bool], ModelFile]] = []
+"""The model of the last serving child forked (worker_key, model): in that child, the model it traces again."""
+
+
+def worker_key(model: ModelFile) -> tuple[str, int | None, bool]:
+    """What a kept child's model must share with the next estimate's to trace it: the trace cache's identity of a
+    model file (its fingerprint: the file and its neighbours, or a named model's config) and its inputs'
+    length and padding."""
+    return model.fingerprint, model.seq_len, model.padded
+
+
+def keep_worker(key: tuple[str, int | None, bool], child: ForkedCall[StepTrace]) -> None:
+    """Keep `child` (which served this estimate) for the next estimate of the model of `key`, in place of any
+    kept for it, the oldest stopped beyond KEPT_WORKERS; stopped instead where it does not drop its jobs within
+    WORKER_IDLE_S, or the model has no fingerprint."""
+    _close_kept(lambda kept: kept == key)
+    if key[0] and child.idle(WORKER_IDLE_S):
+        _kept.append((key, child))
+    else:
+        child.close()
+    while len(_kept) > KEPT_WORKERS:
+        _kept.pop(0)[1].close()
+
+
+def close_kept_worker() -> None:
+    """Stop every kept child."""
+    _close_kept(lambda key: True)
+
+
+def _close_kept(which: Callable[[tuple[str, int | None, bool]], bool]) -> None:
+    for key, child in [(key, child) for key, child in _kept if which(key)]:
+        _kept.remove((key, child))
+        child.close()
+
+
+def _kept_worker(model: ModelFile, settings: MemorySettings, batch_size: int,
+                 attention: str) -> ForkedCall[StepTrace] | None:
+    """The child kept for `model`, set tracing its step at `batch_size` (its memory sent; the whole step in the
+    trace cache); None where none was kept for it or it does not take the job (it is stopped)."""
+    found = [(key, child) for key, child in _kept if key == worker_key(model)]
+    if not found:
+        return None
+    _kept.remove(found[0])
+    child = found[0][1]
+    if child.again(_trace_again, settings, batch_size, attention):
+        return child
+    child.close()
+    return None
+
+
+def _trace_again(settings: MemorySettings, batch_size: int, attention: str) -> tuple[StepTrace, StepTrace]:
+    """In a kept child: its model's step at `batch_size` (trace_for_memory, which stores it in the trace cache),
+    and its memory, as the child sends it."""
+    assert _worker_model, "a kept child knows its model"
+    found = trace_for_memory(_worker_model[0][1], settings, batch_size, attention)
+    return found, found.memory_only()
 
 
 def step_memory(trace: StepTrace, second: StepTrace) -> tuple[StepMemory, BatchMemoryModel]:

@@ -5,7 +5,9 @@ settings' batch and twice it). On a machine with two or more CPUs the second run
 from this process, which has torch, the model file and its imports already loaded, so the pair takes
 about as long as one trace. The child is only ever an optimisation: whenever it cannot be used (no
 fork, one CPU, other threads in this process, CUDA initialised) or fails in any way, the caller gets
-None and traces in-process, where any error is raised with its traceback.
+None and traces in-process, where any error is raised with its traceback. A child that serves (runs the
+parent's jobs on its value once sent) can be asked to make its value again (ForkedCall.again): a long-lived
+process keeps it for its next estimate (memory.plan.keep_worker).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pickle
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -102,6 +105,8 @@ class ForkedCall(Generic[T]):
             child_jobs.close()
             _SERVING.add(self)
         self._closed = False
+        self._pending = True  # a value the child sends that result() has not read
+        self._jobs_open = [0]  # jobs submitted whose "done" or "failed" was not read (Served)
 
     def result(self, timeout_s: float) -> T | None:
         """The child's value, or None when it failed, died or took more than `timeout_s` seconds more. A
@@ -116,10 +121,9 @@ class ForkedCall(Generic[T]):
         except (EOFError, OSError):  # the child died without sending: the caller does the work itself
             return None
         finally:
+            self._pending = False
             if self._jobs is None or not succeeded:
                 self.close()
-            else:
-                self._receiver.close()
         return value if succeeded else None
 
     def ready(self) -> bool:
@@ -133,15 +137,50 @@ class ForkedCall(Generic[T]):
 
     @property
     def unread(self) -> bool:
-        """Whether result() has yet to be called (and the call was not closed before)."""
-        return not self._receiver.closed
+        """Whether a value is to come that result() has not read (and the call was not closed before)."""
+        return self._pending and not self._closed
+
+    def again(self, function: Callable[..., tuple[Any, Any]], *args: object) -> bool:
+        """Have a serving child that sent its value and runs no job make a new one, `function(*args)`, which
+        returns (the value the child keeps and serves jobs on, the value it sends): result() reads it as it read
+        the first. A module-level function (pickled by name). False where the child cannot (gone, busy, not
+        serving, arguments that cannot be pickled): nothing was sent."""
+        if self._jobs is None or self._closed or self._pending or self._jobs_open[0] or not self._process.is_alive():
+            return False
+        self._job_parcels[:] = [parcel for parcel in self._job_parcels if os.path.exists(parcel.path)]  # read ones
+        try:
+            job, value = _Parcel.new(), _Parcel.new()
+            self._job_parcels.extend((job, value))
+            job.filled((function, args))
+            self._jobs.send(("again", job, value))
+        except (OSError, ValueError, TypeError, AttributeError, pickle.PicklingError):
+            return False
+        self._pending = True
+        return True
+
+    def idle(self, timeout_s: float) -> bool:
+        """Whether a serving child runs no job: each job still open is told to end (JobChannel.cancelled: its
+        items are skipped) and its end awaited up to `timeout_s` seconds, what it sent dropped. False where the
+        child is gone or not done by then (the caller closes it)."""
+        if self._jobs is None or self._closed or self._pending or not self._process.is_alive():
+            return False
+        served = Served(self._jobs, self.close, self._job_parcels, self._jobs_open)
+        if self._jobs_open[0]:
+            try:
+                self._jobs.send(("cancel",))
+            except (OSError, ValueError):
+                return False
+        deadline = time.perf_counter() + timeout_s
+        while self._jobs_open[0] and served.alive and time.perf_counter() < deadline:
+            served.poll(deadline - time.perf_counter())
+        return served.alive and not self._jobs_open[0]
 
     def served(self) -> Served | None:
         """The child's job channel (None: it does not serve, or is gone): a job sent runs once the child has
         sent its value, and not where it failed."""
         if self._jobs is None or self._closed or not self._process.is_alive():
             return None
-        return Served(self._jobs, self.close, self._job_parcels)
+        return Served(self._jobs, self.close, self._job_parcels, self._jobs_open)
 
     def close(self) -> None:
         """Stop the child if it still runs, release its pipes and remove the files it left unread (again: the
@@ -209,19 +248,24 @@ def _run_and_send(work: Callable[[], object], sender: Connection, parent_pid: in
         payload = (True, value if sent_as is None else sent_as(value))
     except BaseException:  # noqa: BLE001 -- reported as a failure; the parent re-runs and raises it
         payload = (False, None)
-    sent = False
+    sent = _send(sender, payload, parcel)
+    if jobs is not None and sent:
+        _serve(value, jobs, sender)
+    sender.close()
+
+
+def _send(sender: Connection, payload: tuple[bool, object], parcel: _Parcel | None) -> bool:
+    """Send a child's (succeeded, value) to the parent, the value through `parcel` where given; whether a value
+    went (else (False, None) did: the parent does the work itself)."""
     try:
         if parcel is not None and payload[0]:  # through a file: the pipe would hold this child until the parent reads
             sender.send((True, parcel.filled(payload[1])))
         else:
             sender.send(payload)  # pickles the whole value first: a value that cannot be pickled sends nothing
-        sent = payload[0]
+        return payload[0]
     except Exception:  # noqa: BLE001 -- same: the parent does the work itself
         sender.send((False, None))
-    finally:
-        sender.close()
-    if jobs is not None and sent:
-        _serve(value, jobs)
+        return False
 
 
 class _Parcel:
@@ -296,12 +340,15 @@ class JobChannel:
         self._skipped: set[object] = set()
         self._given: list[tuple[object, object]] = []
         self.stopped = False
+        self.cancelled = False
 
     def _read_notes(self) -> None:
         while not self.stopped and self._connection.poll(0):
             note = self._connection.recv()
             if note is None:
                 self.stopped = True
+            elif note[0] == "cancel":  # the parent needs nothing more of this job
+                self.cancelled = True
             elif note[0] == "skip":
                 self._skipped.add(note[1])
             elif note[0] == "made":
@@ -316,7 +363,7 @@ class JobChannel:
 
     def skipped(self, key: object) -> bool:
         self._read_notes()
-        return self.stopped or key in self._skipped
+        return self.stopped or self.cancelled or key in self._skipped
 
     def wait(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` seconds for the parent's next note, and read what came."""
@@ -331,14 +378,26 @@ class JobChannel:
         self._connection.send(("item", key, value))
 
 
-def _serve(value: object, jobs: Connection) -> None:
+def _serve(value: object, jobs: Connection, sender: Connection) -> None:
     """In a serving child: run each job the parent sends, `function(value, *args, channel)`, until the parent
-    sends None or goes; a job that raises ends with ("failed", ...), the parent then does its items itself."""
+    sends None or goes; a job that raises ends with ("failed", ...), the parent then does its items itself. An
+    "again" job (ForkedCall.again) makes the value anew and sends it through `sender`, as the first; where that
+    fails the child ends."""
     try:
         while True:
             job = jobs.recv()
             if job is None:
                 return
+            if job[0] == "again":
+                try:
+                    function, args = job[1].open()
+                    value, sent = function(*args)
+                    payload: tuple[bool, object] = (True, sent)
+                except BaseException:  # noqa: BLE001 -- reported as a failure; the parent re-runs and raises it
+                    payload = (False, None)
+                if not _send(sender, payload, job[2]):
+                    return
+                continue
             if job[0] != "job":  # a note about a job done before
                 continue
             function, args = job[1].open()
@@ -358,11 +417,14 @@ class Served:
     """The parent's side of a serving child's job channel (ForkedCall.served): `submit` a job, read what
     it sent with `poll`, tell it to `skip` an item done here; `close` stops the child."""
 
-    def __init__(self, connection: Connection, close: Callable[[], None], parcels: list[_Parcel]) -> None:
-        """`close` stops the child and removes `parcels`, where the jobs' files are listed as they are made."""
+    def __init__(self, connection: Connection, close: Callable[[], None], parcels: list[_Parcel],
+                 jobs_open: list[int] | None = None) -> None:
+        """`close` stops the child and removes `parcels`, where the jobs' files are listed as they are made;
+        `jobs_open[0]` counts the jobs sent whose end ("done" or "failed") was not read (ForkedCall.idle)."""
         self._connection = connection
         self._close = close
         self._parcels = parcels
+        self._jobs_open = [0] if jobs_open is None else jobs_open
         self.alive = True
 
     def submit(self, function: Callable[..., None], *args: object) -> bool:
@@ -383,6 +445,8 @@ class Served:
             self._connection.send(("job", parcel))
         except (OSError, ValueError):
             self.alive = False
+        if self.alive:
+            self._jobs_open[0] += 1
         return self.alive
 
     def poll(self, timeout_s: float = 0.0) -> list[tuple[str, object, object]]:
@@ -392,6 +456,8 @@ class Served:
         try:
             while self.alive and self._connection.poll(timeout_s if not found else 0):
                 found.append(self._connection.recv())
+                if found[-1][0] in ("done", "failed"):
+                    self._jobs_open[0] -= 1
         except (EOFError, OSError):
             self.alive = False
         return found

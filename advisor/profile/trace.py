@@ -742,6 +742,9 @@ class Sibling:
     sent_as: Callable[[StepTrace], StepTrace] | None = None
     """What the child sends of its step (run in the child: it may keep the whole step elsewhere first, as
     memory.plan.trace_pair stores it in the trace cache and sends StepTrace.memory_only); None: all of it."""
+    made_elsewhere: bool = False
+    """`child` is a serving child of an earlier step, making this one already (ForkedCall.again): no child is
+    forked for it."""
 
     def collect(self) -> StepTrace | None:
         """The child's step, waited for where it was left running (the caller meanwhile did other work that
@@ -766,6 +769,12 @@ class Sibling:
         if self.child is not None:
             child, self.child = self.child, None
             child.close()
+
+    def release(self) -> ForkedCall[StepTrace] | None:
+        """The serving child, no longer this sibling's to stop (None where none serves): the caller keeps or
+        closes it."""
+        child, self.child = (self.child, None) if self.serves else (None, self.child)
+        return child
 
 
 class _ConstructorNeedsValues(Exception):
@@ -969,6 +978,11 @@ def _sibling_beside(setup: _Setup, values: str, step: Callable[[_Setup], StepTra
     (Sibling.collect) once this process's own is done. Only for steps on fake values, where a child can be
     forked; a child that fails, or an error here (which kills it), leaves the sibling's trace None."""
     sibling = setup.sibling
+    if sibling is not None and sibling.made_elsewhere:
+        started = time.perf_counter()
+        yield
+        sibling.grace_s = CHILD_GRACE_S + time.perf_counter() - started
+        return
     if sibling is not None:
         sibling.abandon()
     if sibling is None or values != "fake" or not can_fork():
