@@ -220,7 +220,7 @@ def _header(estimate: Estimate) -> list[str]:
 def _legend(spot: bool, gpus: int) -> str:
     if gpus > 1:
         gpus_column = (f"GPUs: how many and the strategy (the fastest that fits with --parallel auto); Peak/Mem: "
-                       f"peak training memory of each GPU / its memory")
+                       "peak training memory of each GPU / its memory")
         rented = f"the cheapest instances holding exactly {gpus} GPUs, whole instances rented"
     else:
         gpus_column = ("GPUs: 1, or 'needs N strategy': the fewest that fit where one is too small (--num-gpus N "

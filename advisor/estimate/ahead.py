@@ -36,8 +36,9 @@ def layouts_job(second: StepTrace, first: StepTrace | None, wanted: Sequence[tup
                 made: dict[tuple[str, bool, int, int], StepMemory], channel: JobChannel) -> None:
     """In the serving child, which traced `second`: each of `wanted` in turn, as LayoutMemory of `first` and
     `second` makes it, sent to the parent; those the parent did itself are skipped. `made`: the steps the
-    parent re-played already (LayoutMemory.made_steps), not re-played here. `first` is None where no item
-    needs it (needs_first): then `second` stands in for it, and only its own memory is read."""
+    parent re-played already (LayoutMemory.made_steps), not re-played here; a line whose step the parent is making
+    waits for that step, the other items done first. `first` is None where no item needs it (needs_first): then
+    `second` stands in for it, and only its own memory is read."""
     assert first is not None or not needs_first(wanted, made), "an item needs the first step"
     memory = LayoutMemory(second if first is None else first, second, {"steps": made})
     deferred: list[Layout] = []  # lines whose step the parent is making: done last, with its step

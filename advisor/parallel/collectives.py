@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +96,7 @@ def fitted_curve(link: Interconnect) -> BandwidthCurve:
         half = max((b2 - b1) / (b1 / s1 - b2 / s2), 0.0)
         return BandwidthCurve(b1 * (1 + half / s1), half, 1.0)
 
-    start = numpy.array([math.log(top * 1.05), math.log(float(numpy.median(sizes))), 1.0])
+    start = numpy.array([math.log(top * 1.05), math.log(statistics.median(size for size, _ in link.busbw_points)), 1.0])
     lower = numpy.array([math.log(top * 0.9), math.log(1e3), 0.3])
     upper = numpy.array([math.log(top * 3), math.log(1e12), 3.0])
     log_peak, log_half, exponent = _fit_in_box(numpy.log(sizes), measured, start, lower, upper)
