@@ -976,7 +976,8 @@ def _sibling_beside(setup: _Setup, values: str, step: Callable[[_Setup], StepTra
     """Around this process's step on a built model: the step at setup.sibling's batch size in a child forked
     from here (background.ForkedCall), which has the model built already, left to the sibling to collect
     (Sibling.collect) once this process's own is done. Only for steps on fake values, where a child can be
-    forked; a child that fails, or an error here (which kills it), leaves the sibling's trace None."""
+    forked; a child that fails, or an error here (which kills it), leaves the sibling's trace None. A sibling
+    `made_elsewhere` is being traced by a child kept from an earlier step already: nothing is forked."""
     sibling = setup.sibling
     if sibling is not None and sibling.made_elsewhere:
         started = time.perf_counter()
