@@ -165,12 +165,11 @@ class LayoutsAhead:
         made = 0
         while waiting():
             self.drain()
-            step = next(((item, layout) for item, kind, layout in self._wanted[self._position + 1:]
-                         if kind == "step" and item not in self._taken and not self._memory.has(item)), None)
+            step = self._next_unstarted(lines=False)
             if step is None:
                 break
             self._take(step[0])
-            self._memory.make("step", step[1])
+            self._memory.make(step[1], step[2])
             made += 1
         return made
 
@@ -186,13 +185,13 @@ class LayoutsAhead:
             if self._served.alive and self._order.get(item, -1) > self._position:
                 self._served.skip(item)
 
-    def _next_unstarted(self, waiting_for: Item) -> tuple[Item, str, Layout] | None:
-        """The first wanted item after the child's that neither side has started and this process can make
-        on its own (a line's step made already)."""
+    def _next_unstarted(self, waiting_for: Item | None = None, lines: bool = True) -> tuple[Item, str, Layout] | None:
+        """The first wanted item after the child's but `waiting_for` that neither side has started and this process
+        can make on its own (a line's step made already); steps alone without `lines`."""
         for item, kind, layout in self._wanted[self._position + 1:]:
             if item == waiting_for or item in self._taken or self._memory.has(item):
                 continue
-            if kind == "line" and not self._memory.has(("step", item[1])):
+            if kind == "line" and not (lines and self._memory.has(("step", item[1]))):
                 continue
             return item, kind, layout
         return None

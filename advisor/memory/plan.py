@@ -304,8 +304,7 @@ def trace_pair(model: ModelFile, settings: MemorySettings, trace: StepTrace | No
     else:  # a child forked once the model is built
         sibling = Sibling(2 * batch, serves=serve, sent_as=kept_and_sent)
         if serve:
-            _worker_model.clear()
-            _worker_model.append((worker_key(model), model))  # the child's, to trace again (_trace_again)
+            _worker_model[:] = [model]  # the child's, to trace again
     try:
         trace = trace_for_memory(model, settings, batch, attention, progress, sibling)
     except BaseException:  # a step that failed once the child was forked: the child is of no use
@@ -335,8 +334,8 @@ alternates between them)."""
 _kept: list[tuple[tuple[str, int | None, bool], ForkedCall[StepTrace]]] = []
 """The serving children kept from the last estimates, the latest last, with worker_key of their model."""
 
-_worker_model: list[tuple[tuple[str, int | None, bool], ModelFile]] = []
-"""The model of the last serving child forked (worker_key, model): in that child, the model it traces again."""
+_worker_model: list[ModelFile] = []
+"""The model of the last serving child forked: in that child, the model it traces again (_trace_again)."""
 
 
 def worker_key(model: ModelFile) -> tuple[str, int | None, bool]:
@@ -389,7 +388,7 @@ def _trace_again(settings: MemorySettings, batch_size: int, attention: str) -> t
     """In a kept child: its model's step at `batch_size` (trace_for_memory, which stores it in the trace cache),
     and its memory, as the child sends it."""
     assert _worker_model, "a kept child knows its model"
-    found = trace_for_memory(_worker_model[0][1], settings, batch_size, attention)
+    found = trace_for_memory(_worker_model[0], settings, batch_size, attention)
     return found, found.memory_only()
 
 

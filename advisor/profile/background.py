@@ -162,9 +162,9 @@ class ForkedCall(Generic[T]):
         """Whether a serving child runs no job: each job still open is told to end (JobChannel.cancelled: its
         items are skipped) and its end awaited up to `timeout_s` seconds, what it sent dropped. False where the
         child is gone or not done by then (the caller closes it)."""
-        if self._jobs is None or self._closed or self._pending or not self._process.is_alive():
+        served = None if self._pending else self.served()
+        if served is None:
             return False
-        served = Served(self._jobs, self.close, self._job_parcels, self._jobs_open)
         if self._jobs_open[0]:
             try:
                 self._jobs.send(("cancel",))
