@@ -16,6 +16,9 @@ os.environ["GPU_ADVISOR_TRACE_CACHE"] = "off"
 # Likewise the input pipeline is not timed unless a test asks (PlanRequest(input_pipeline=True)): a timed
 # pipeline makes figures vary from run to run; tests/test_pipeline.py times it in a cache of its own.
 os.environ["GPU_ADVISOR_INPUT_PIPELINE"] = "off"
+# And the hardware database and reference calibrations are parsed from their files in every test
+# (advisor/pickled.py's loaded(); tests/test_pickled.py turns it on in a folder of its own).
+os.environ["GPU_ADVISOR_DATA_CACHE"] = "off"
 
 SOURCES = {
     "sources": [

@@ -241,8 +241,8 @@ def test_a_file_at_the_cap_is_still_read(tiny_db_dir: Path) -> None:
 
 def test_the_c_loader_is_used_where_libyaml_is_installed() -> None:
     if hasattr(yaml, "CSafeLoader"):
-        assert issubclass(loader._Loader, yaml.CSafeLoader)
-    assert issubclass(loader._Loader, yaml.SafeLoader) or issubclass(loader._Loader, yaml.CSafeLoader)
+        assert issubclass(loader._loader(), yaml.CSafeLoader)
+    assert issubclass(loader._loader(), yaml.SafeLoader) or issubclass(loader._loader(), yaml.CSafeLoader)
 
 
 def test_shown_values_are_cut() -> None:

@@ -9,8 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from advisor import pickled
 from advisor.calibration.curves import Curve, Fit
 from advisor.calibration.peaks import DTYPES, gpu_peaks
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
@@ -90,7 +89,7 @@ def _reference_dir() -> Path:
 _loaded: dict[tuple[Any, ...], tuple[Family, ...]] = {}
 """load_families()'s results by folder, source ids and the files' names and file_stamp(): parsing
 defaults.yaml took about 30 ms of every plan() call (2026-11-28), and a planning loop in one process asks for the
-same families at each call."""
+same families at each call. A new process reads them back from the cache (pickled.loaded: 0.2 ms)."""
 
 
 def load_families(db: HardwareDB, directory: Path | None = None) -> tuple[Family, ...]:
@@ -104,13 +103,19 @@ def load_families(db: HardwareDB, directory: Path | None = None) -> tuple[Family
     if key not in _loaded:
         if len(_loaded) >= 8:
             _loaded.clear()
-        _loaded[key] = _read_families(directory, measured, source_ids)
+        defaults = directory / "defaults.yaml"
+        files = [(path, path.read_bytes()) for path in [*measured, defaults]]
+        sources = [*((str(path), data) for path, data in files), ("source ids", "\n".join(sorted(source_ids)).encode())]
+        _loaded[key] = pickled.loaded("reference", sources, ("calibration",), tuple,
+                                      lambda: _read_families(directory, files, source_ids))
     return _loaded[key]
 
 
-def _read_families(directory: Path, measured: list[Path], source_ids: set[str]) -> tuple[Family, ...]:
-    families = [_measured_family(path) for path in measured]
-    families.extend(_default_families(directory / "defaults.yaml", source_ids))
+def _read_families(directory: Path, files: list[tuple[Path, bytes]], source_ids: set[str]) -> tuple[Family, ...]:
+    """The families of the measured profiles and of defaults.yaml (the last of `files`: path and bytes)."""
+    *measured, (defaults, text) = files
+    families = [_measured_family(path, data) for path, data in measured]
+    families.extend(_default_families(defaults, text, source_ids))
     ids = [family.id for family in families]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
@@ -126,8 +131,10 @@ def _number(path: Path, entry: str, key: str, value: Any, *, positive: bool = Tr
     return float(value)
 
 
-def _default_families(path: Path, source_ids: set[str]) -> list[Family]:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+def _default_families(path: Path, text: bytes, source_ids: set[str]) -> list[Family]:
+    import yaml
+
+    data = yaml.safe_load(text.decode("utf-8"))
     if not isinstance(data, dict) or data.get("schema") != 1:
         raise ReferenceError(path, "expected a mapping with schema: 1")
     unknown = sorted(set(data) - {"schema", "created", "families", "common"})
@@ -189,9 +196,10 @@ def _default_family(path: Path, raw: dict[str, Any], common: dict[str, Any], sou
     )
 
 
-def _measured_family(path: Path) -> Family:
-    """A profile measured by `advisor calibrate` on a real GPU, shipped with its `applies_to`."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+def _measured_family(path: Path, text: bytes) -> Family:
+    """A profile measured by `advisor calibrate` on a real GPU (`path`, its bytes `text`), shipped with its
+    `applies_to`."""
+    data = json.loads(text.decode("utf-8"))
     try:
         profile = CalibrationProfile.from_dict(data["profile"])
         applies = data["applies_to"]

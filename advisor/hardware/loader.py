@@ -17,12 +17,11 @@ import stat
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from advisor import units
+from advisor import pickled, units
 from advisor.errors import UserError, did_you_mean, shorten
 from advisor.hardware.specs import (
     PEAK_MODES,
@@ -172,18 +171,24 @@ def _text(value: Any) -> str:
     return value if _is_plain(value) else shown(value)
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+@lru_cache(maxsize=1)
+def _loader() -> type:
     """yaml's safe loader (libyaml's parser where installed; only plain data, no Python objects), with
     a value its tag cannot hold (a date that does not exist, `!!float abc`, an integer of 5,000 digits)
-    reported as a YAML error at its line instead of a bare ValueError."""
+    reported as a YAML error at its line instead of a bare ValueError. Made on first use: a database read
+    back from the cache (load_directories) does not import yaml."""
+    import yaml
 
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        try:
-            return super().construct_object(node, deep=deep)
-        except (ValueError, TypeError, OverflowError) as exc:
-            what = shown(node.value) if isinstance(node, yaml.ScalarNode) else "this value"
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} ({exc})",
-                                                    node.start_mark) from None
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ValueError, TypeError, OverflowError) as exc:
+                what = shown(node.value) if isinstance(node, yaml.ScalarNode) else "this value"
+                raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} ({exc})",
+                                                        node.start_mark) from None
+
+    return Loader
 
 
 class HwdbError(UserError):
@@ -255,8 +260,16 @@ def load_hwdb(cli_dirs: Sequence[str | Path] = (), include_user_layers: bool = T
 
 
 def load_directories(directories: Sequence[Path]) -> HardwareDB:
-    """Load and merge the given directories, first = lowest priority."""
-    layers = [_read_layer(Path(d)) for d in directories]
+    """Load and merge the given directories, first = lowest priority. The files are read (and checked as
+    _read_bytes does) at every call; parsed, validated and merged only when they (or this package's code)
+    changed since a run kept the result (advisor.pickled.loaded)."""
+    files = [(Path(d), [(path, _read_bytes(path)) for path in _yaml_files(Path(d))]) for d in directories]
+    sources = [(str(path), data) for _, read in files for path, data in read]
+    return pickled.loaded("hwdb", sources, ("hardware",), HardwareDB, lambda: _merged_db(directories, files))
+
+
+def _merged_db(directories: Sequence[Path], files: list[tuple[Path, list[tuple[Path, bytes]]]]) -> HardwareDB:
+    layers = [_read_layer(directory, read) for directory, read in files]
     overrides: list[Override] = []
     sources = _merge(layers, "sources", "source", overrides)
     source_records = tuple(_build_source(path, label, raw) for path, label, raw in sources.values())
@@ -300,10 +313,10 @@ def load_directories(directories: Sequence[Path]) -> HardwareDB:
 # ----------------------------------------------------------------------------- reading
 
 
-def _read_layer(directory: Path) -> _Layer:
+def _read_layer(directory: Path, files: list[tuple[Path, bytes]]) -> _Layer:
     layer = _Layer(directory, [], [], [], [], [], [], [], {}, {})
-    for path in _yaml_files(directory):
-        _read_document(path, layer)
+    for path, data in files:
+        _read_document(path, _decoded(path, data), layer)
     return layer
 
 
@@ -320,9 +333,9 @@ def _yaml_files(directory: Path) -> list[Path]:
     return sorted(found)
 
 
-def _read_text(path: Path) -> str:
-    """The file's text, refused before it is parsed when it is not a plain file, cannot be read, is
-    larger than MAX_FILE_BYTES or is not UTF-8."""
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, refused before it is parsed when it is not a plain file, cannot be read or is
+    larger than MAX_FILE_BYTES."""
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):  # a FIFO would block, a device never end
@@ -336,6 +349,11 @@ def _read_text(path: Path) -> str:
         raise HwdbError(path, f"cannot be read ({exc.strerror or exc})") from None
     if len(data) > MAX_FILE_BYTES:  # it grew after stat()
         raise HwdbError(path, f"is above the limit of {MAX_FILE_BYTES / 2**20:g} MiB for one hardware-database file")
+    return data
+
+
+def _decoded(path: Path, data: bytes) -> str:
+    """The file's text; refused when it is not UTF-8."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -349,6 +367,8 @@ def _check_structure(path: Path, text: str) -> None:
     deeper than MAX_DEPTH (libyaml's composer recurses and crashes on ten thousand levels), an alias
     inside the value it names, and more than MAX_VALUES values with the aliases expanded (an alias
     bomb). Linear in the file's size: each anchor's expanded size is recorded once."""
+    import yaml
+
     try:
         _walk_events(path, text)
     except yaml.MarkedYAMLError as exc:  # PyYAML 6.0.4 and later refuse deep flow nesting while scanning
@@ -362,10 +382,12 @@ def _too_deep(line_index: int) -> str:
 
 
 def _walk_events(path: Path, text: str) -> None:
+    import yaml
+
     sizes: dict[str, int] = {}
     open_nodes: list[tuple[str | None, int]] = []
     total = 0
-    for event in yaml.parse(text, Loader=_Loader):
+    for event in yaml.parse(text, Loader=_loader()):
         if isinstance(event, yaml.AliasEvent):
             size = sizes.get(event.anchor)
             if size is None:
@@ -392,18 +414,22 @@ def _walk_events(path: Path, text: str) -> None:
                                   "a hardware-database file needs a few thousand")
 
 
-def _load_yaml(path: Path) -> Any:
-    """The document in `path`, built only after it passed _read_text and _check_structure."""
-    text = _read_text(path)
+def _load_yaml(path: Path, text: str) -> Any:
+    """The document in `path` (its `text`), built only after it passed _read_bytes, _decoded and
+    _check_structure."""
+    import yaml
+
     try:
         _check_structure(path, text)
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a safe loader)
+        return yaml.load(text, Loader=_loader())  # noqa: S506 (a safe loader)
     except yaml.YAMLError as exc:
         raise HwdbError(path, f"not valid YAML{_yaml_problem(exc)}") from None
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """' at line L, column C: what yaml says', cut to a readable length."""
+def _yaml_problem(exc: Any) -> str:
+    """' at line L, column C: what yaml says' (`exc`: a yaml.YAMLError), cut to a readable length."""
+    import yaml
+
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         what = "; ".join(part for part in (exc.context, exc.problem) if part)
@@ -414,8 +440,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}: {what}" if what else where
 
 
-def _read_document(path: Path, layer: _Layer) -> None:
-    document = _load_yaml(path)
+def _read_document(path: Path, text: str, layer: _Layer) -> None:
+    document = _load_yaml(path, text)
     if document is None:
         return
     if not isinstance(document, dict):

@@ -24,8 +24,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from advisor import pickled
 from advisor.errors import UserError, closest_matches
 
 HUB_PREFIX = "hf:"
@@ -101,11 +100,21 @@ def resolve_config(spec: str) -> HubConfig:
 
 @cache
 def catalog() -> dict[str, dict[str, Any]]:
-    """catalog.yaml's models: id -> {file, aliases, params_b, source, ...}."""
+    """catalog.yaml's models: id -> {file, aliases, params_b, source, ...}, kept parsed (pickled.loaded)."""
     index = CATALOG_DIR / "catalog.yaml"
-    models = (yaml.safe_load(index.read_text()) or {}).get("models", {}) if index.is_file() else {}
+    if not index.is_file():
+        return {}
+    text = index.read_bytes()
+    models = pickled.loaded("catalog", [(str(index), text)], (), dict,  # yaml alone parses it: no code to key
+                            lambda: _parsed_catalog(text))
     assert isinstance(models, dict), f"{index}: 'models' must be a mapping"
     return models
+
+
+def _parsed_catalog(text: bytes) -> dict[str, Any]:
+    import yaml  # here: a model by name read back from the cache, or an example, does not import it
+
+    return (yaml.safe_load(text.decode("utf-8")) or {}).get("models", {})
 
 
 @cache

@@ -28,9 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import stat
-import sys
 import threading
 from collections import OrderedDict
 from dataclasses import asdict
@@ -40,8 +37,9 @@ from typing import Any
 
 import torch
 
-from advisor.atomic import write_atomically
+from advisor import pickled
 from advisor.paths import file_stamp, user_cache_dir
+from advisor.pickled import source_digest
 from advisor.profile.trace import StepTrace
 
 FORMAT = "gpu-advisor-trace"
@@ -72,15 +70,9 @@ def tracer_fingerprint() -> str:
 
 @lru_cache(maxsize=4)
 def source_fingerprint(*packages: str) -> str:
-    """SHA-256 of the torch and Python versions and every .py file of the advisor's `packages` ("profile")."""
-    digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}".encode())
-    root = Path(__file__).resolve().parent.parent
-    for package in packages:
-        folder = root / package
-        for path in sorted(folder.rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+    """SHA-256 of the torch version and of pickled.source_digest (the Python version, every .py file of the
+    advisor's `packages`, "profile")."""
+    return hashlib.sha256(f"{torch.__version__}|{source_digest(*packages)}".encode()).hexdigest()
 
 
 def trace_key(fingerprint: str, **settings: Any) -> str | None:
@@ -120,8 +112,8 @@ def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
             trace = _read(path, key, kind)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
-            _discard(path)
+        except pickled.READ_ERRORS:
+            pickled.discard(path)
             return None
     try:
         os.utime(path)  # the least recently used go first
@@ -151,32 +143,12 @@ def _remember(path: Path, trace: Any) -> None:
             _memo.popitem(last=False)
 
 
+def _header(key: str) -> dict[str, Any]:
+    return {"format": FORMAT, "schema": SCHEMA, "key": key}
+
+
 def _read(path: Path, key: str, kind: type) -> Any:
-    with open(path, "rb") as file:
-        info = os.fstat(file.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
-            raise ValueError("not a trace file")
-        if hasattr(os, "getuid") and (info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
-            raise ValueError("a trace file another user could have written")
-        header = json.loads(file.readline(4096))
-        if not isinstance(header, dict) or (header.get("format"), header.get("schema"), header.get("key")) != \
-                (FORMAT, SCHEMA, key):
-            raise ValueError("another format, schema or key")
-        payload = file.read(MAX_FILE_BYTES + 1)
-    if len(payload) != header.get("bytes") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-        raise ValueError("a torn or edited trace file")
-    trace = pickle.loads(payload)  # noqa: S301 -- our own file: owner and checksum checked above
-    if not isinstance(trace, kind):
-        raise ValueError(f"not a {kind.__name__}")
-    return trace
-
-
-def _discard(path: Path) -> None:
-    """Delete a cached trace that failed a check; the step is traced again and rewritten."""
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:  # a file we cannot delete is never read either: it fails the same check next time
-        pass
+    return pickled.read(path, _header(key), kind, MAX_FILE_BYTES)
 
 
 def store(key: str | None, trace: Any, suffix: str = SUFFIX) -> bool:
@@ -184,13 +156,9 @@ def store(key: str | None, trace: Any, suffix: str = SUFFIX) -> bool:
     or its folder cannot be written (the run goes on without it: a cache is never a reason to fail)."""
     if key is None or trace is None:
         return False
-    payload = pickle.dumps(trace, protocol=pickle.HIGHEST_PROTOCOL)
-    header = json.dumps({"format": FORMAT, "schema": SCHEMA, "key": key, "bytes": len(payload),
-                         "sha256": hashlib.sha256(payload).hexdigest()})
     folder = cache_folder()
     try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_atomically(folder / f"{key}{suffix}", header.encode() + b"\n" + payload)
+        pickled.write(folder / f"{key}{suffix}", _header(key), trace)
         _evict(folder)
     except OSError:  # no room, read-only: the next run traces again
         return False
@@ -199,16 +167,5 @@ def store(key: str | None, trace: Any, suffix: str = SUFFIX) -> bool:
 
 def _evict(folder: Path) -> None:
     """Drop the least recently used traces beyond MAX_ENTRIES or MAX_TOTAL_BYTES."""
-    entries = []
-    for path in [*folder.glob(f"*{SUFFIX}"), *folder.glob(f"*{LAYOUTS_SUFFIX}")]:
-        try:
-            info = path.stat()
-        except FileNotFoundError:  # another process evicted it meanwhile
-            continue
-        entries.append((info.st_mtime, info.st_size, path))
-    entries.sort(reverse=True)
-    total = 0
-    for count, (_, size, path) in enumerate(entries):
-        total += size
-        if count >= MAX_ENTRIES or total > MAX_TOTAL_BYTES:
-            path.unlink(missing_ok=True)
+    pickled.keep_newest([*folder.glob(f"*{SUFFIX}"), *folder.glob(f"*{LAYOUTS_SUFFIX}")], MAX_ENTRIES,
+                        MAX_TOTAL_BYTES)
