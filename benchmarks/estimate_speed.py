@@ -10,7 +10,8 @@ Each figure is the median of --repeats runs (the runs compared taken in turn, ro
   a day, and a fresh cache folder timed it again: not what this measures);
 - in a fresh process after the imports both sides pay alike (torch, and `torch._dynamo`, which
   FakeTensorMode's constructor imports: about 1.3 s here, measured in the same run): the first call of
-  `plan()` (our own imports and the database's loading included) and of the bare pass;
+  `plan()` (our own imports and the database's loading included) and of the bare pass, and the first call
+  with the database parsed from its YAML (GPU_ADVISOR_DATA_CACHE=off: a machine's first run);
 - in one long-lived process, as the TUI runs: `plan()` and the bare pass in turn, medians of STEADY_ROUNDS
   rounds after two that warm it up.
 
@@ -207,12 +208,16 @@ def main() -> int:
         for name, (seconds, rss) in timed.items():
             row[name], row[f"{name}_rss"] = seconds, rss
         row["auto"], row["auto_rss"] = median_of(1, estimate[:-2], cold)
-        firsts: dict[str, list[float]] = {"plan": [], "bare": []}
+        firsts: dict[str, list[float]] = {"plan": [], "bare": [], "parsed": []}
         for _ in range(args.repeats):  # in turn, as above
             for kind, seconds in firsts.items():
-                seconds.append(float(subprocess.run([sys.executable, me, "--first", spec, kind], capture_output=True,
-                                                    text=True, env=cold, check=True).stdout))
-        row["first_plan"], row["first_bare"] = (statistics.median(firsts[kind]) for kind in ("plan", "bare"))
+                # parsed: the database and reference calibrations parsed from their YAML, as a machine's very
+                # first run does (the others find them kept by advisor/pickled.py, as every later run does)
+                env = {**cold, "GPU_ADVISOR_DATA_CACHE": "off"} if kind == "parsed" else cold
+                argv = [sys.executable, me, "--first", spec, "plan" if kind == "parsed" else kind]
+                seconds.append(float(subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout))
+        row["first_plan"], row["first_bare"], row["first_parsed"] = (statistics.median(firsts[kind])
+                                                                     for kind in ("plan", "bare", "parsed"))
         output = subprocess.run([sys.executable, me, "--in-process", spec], capture_output=True, text=True,
                                 env=cold, check=True).stdout.split()
         row["plan_steady"], row["bare_steady"] = (float(x) for x in output)
@@ -245,6 +250,8 @@ def main() -> int:
         "7b / bare, cold": rows["7b"]["cold"] / rows["7b"]["bare"],
         "7b / bare, cached": rows["7b"]["warm"] / rows["7b"]["bare"],
         "7b / bare, first call after the shared imports": rows["7b"]["first_plan"] / rows["7b"]["first_bare"],
+        "7b / bare, first call with the database parsed (a machine's first run; for comparison)":
+            rows["7b"]["first_parsed"] / rows["7b"]["first_bare"],
         "7b / bare, steady": rows["7b"]["plan_steady"] / rows["7b"]["bare_steady"],
         "70b / 1b, cold": rows["70b"]["cold"] / rows["1b"]["cold"],
         "70b / 1b, steady (timed minutes apart)": rows["70b"]["plan_steady"] / rows["1b"]["plan_steady"],

@@ -14,7 +14,7 @@ from advisor.app.request import OPTIONS, PlanRequest
 PACKAGE = Path(__file__).resolve().parents[1] / "advisor"
 
 LAYERS = (
-    ("errors", "units", "limits", "paths", "atomic", "process", "__init__"),
+    ("errors", "units", "limits", "paths", "atomic", "pickled", "process", "__init__"),
     ("hardware",),
     ("probe",),
     ("profile",),

@@ -54,6 +54,8 @@ def test_the_fused_op_computes_the_recurrence_and_its_gradients() -> None:
 def test_the_fake_kernel_makes_what_selective_scan_cuda_makes_and_the_cost_counts_every_state() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    scans.register_ops()
+
     with FakeTensorMode():
         u = torch.empty(2, 128, 4096, dtype=torch.bfloat16)
         A, B = torch.empty(128, 16), torch.empty(2, 16, 4096, dtype=torch.bfloat16)

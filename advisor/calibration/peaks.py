@@ -115,3 +115,15 @@ def gpu_peaks(gpu: GPUSpec) -> DevicePeaks:
         if value is not None:
             flops[dtype] = value
     return DevicePeaks(flops, gpu.bandwidth_bytes_per_s, (f"{gpu.name} from the hardware database ({gpu.origin})",))
+
+
+def roofline(peak_flops: float, intensity: float, bandwidth: float) -> float:
+    """Attainable FLOP/s at `intensity` FLOPs per byte: min(peak, intensity x bandwidth)."""
+    return min(peak_flops, intensity * bandwidth)
+
+
+def roofline_work(flops: float, peak_flops: float, attainable: float) -> float:
+    """The FLOPs that take as long at `peak_flops` as `flops` take at the `attainable` roofline: the
+    axis compute curves are fitted and read on, so that their fixed latency (tau_half) stays a time
+    whether the call is compute- or bandwidth-bound."""
+    return flops * peak_flops / attainable

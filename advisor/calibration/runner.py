@@ -20,7 +20,7 @@ from advisor.calibration.contention import (MAX_ATTEMPTS, ReferenceKernel, allow
                                             cpu_snapshot, disturbance, reference_baseline)
 from advisor.calibration.curves import fit_curve
 from advisor.calibration.packing import fit_gemm
-from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks
+from advisor.calibration.peaks import DevicePeaks, cpu_peaks, gpu_peaks, roofline, roofline_work
 from advisor.calibration.profile import (CalibrationProfile, Conditions, Contention, Fingerprint, Measurement,
                                          SeriesProfile,
                                          Skipped)
@@ -395,18 +395,6 @@ def _memory_series(op: str, dtype: str, points: list[_Result], peak: float, cach
     fit = fit_curve("hierarchy", [r.bytes for r in points], fractions, peak, capacity_guess=cache)
     measurements = tuple(_measurement(r, f) for r, f in zip(points, fractions))
     return SeriesProfile(op, dtype, "bytes", peak, fit, measurements, skipped)
-
-
-def roofline(peak_flops: float, intensity: float, bandwidth: float) -> float:
-    """Attainable FLOP/s at `intensity` FLOPs per byte: min(peak, intensity x bandwidth)."""
-    return min(peak_flops, intensity * bandwidth)
-
-
-def roofline_work(flops: float, peak_flops: float, attainable: float) -> float:
-    """The FLOPs that take as long at `peak_flops` as `flops` take at the `attainable` roofline: the
-    axis compute curves are fitted and read on, so that their fixed latency (tau_half) stays a time
-    whether the call is compute- or bandwidth-bound."""
-    return flops * peak_flops / attainable
 
 
 def _compute_series(op: str, dtype: str, points: list[_Result], peak: float, bandwidth: float,

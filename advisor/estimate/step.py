@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from advisor.calibration.peaks import roofline, roofline_work
 from advisor.calibration.profile import CalibrationProfile, SeriesProfile
-from advisor.calibration.runner import roofline, roofline_work
 from advisor.calibration.shapes import call_key
 from advisor.calibration.suite import TORCH_DTYPES
 from advisor.estimate.fusion import compiled_records, fusible

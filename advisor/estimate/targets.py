@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from advisor.calibration.cache import CachedProfile, CacheError, check_writable, load_profile, os_reason, store_profile
 from advisor.calibration.profile import CalibrationProfile
 from advisor.calibration.quality import GateResult, ProfileQuality, gate
 from advisor.calibration.reference import Family, reference_profile
-from advisor.calibration.runner import Target as CalibrationTarget
-from advisor.calibration.runner import calibrate, cpu_target, cuda_target
 from advisor.calibration.suite import Suite, load_suite
 from advisor.calibration.shapes import call_key, measure_shapes
 from advisor.estimate.step import DeviceModel, kernel_seconds
@@ -20,8 +19,34 @@ from advisor.hardware.specs import GPUSpec, HardwareDB, MemoryOverhead
 from advisor.probe.cpu import probe_cpu
 from advisor.profile.trace import OpRecord
 
+if TYPE_CHECKING:
+    from advisor.calibration.runner import Target as CalibrationTarget
+
 Progress = Callable[[str], None]
 CalibrationProgress = Callable[[int, int, str], None]
+
+def cpu_target(suite: Suite) -> CalibrationTarget:
+    """calibration.runner.cpu_target, the benchmark runner imported when --local asks for it (not by every
+    estimate: about 10 ms with the probes it imports)."""
+    from advisor.calibration.runner import cpu_target as target
+
+    return target(suite)
+
+
+def cuda_target(index: int, db: HardwareDB, suite: Suite) -> CalibrationTarget:
+    """calibration.runner.cuda_target (imported as cpu_target says)."""
+    from advisor.calibration.runner import cuda_target as target
+
+    return target(index, db, suite)
+
+
+def calibrate(target: CalibrationTarget, suite: Suite, quick: bool,
+              progress: CalibrationProgress | None) -> CalibrationProfile:
+    """calibration.runner.calibrate (imported as cpu_target says)."""
+    from advisor.calibration.runner import calibrate as measure
+
+    return measure(target, suite, quick=quick, progress=progress)
+
 
 CPU_MEMORY_OVERHEAD = MemoryOverhead("cpu", 0, 0, ())
 """A CPU has no CUDA context or cuBLAS workspace."""

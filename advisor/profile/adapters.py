@@ -23,7 +23,6 @@ from torch import nn
 
 from advisor.errors import UserError, closest_matches
 from advisor.profile.choices import ALL_LINEAR, BASE_WEIGHTS
-from advisor.profile.quantized import FrozenQuantizedLinear
 
 DEFAULT_TARGETS = (("q_proj", "v_proj"), ("c_attn",), ("query", "value"), ("q", "v"), ("query_key_value",),
                    ("qkv_proj",), ("Wqkv",), ("qkv",))
@@ -190,6 +189,8 @@ def _quantize_frozen_linears(model: nn.Module, form: str) -> int:
     nothing. Returns how many were replaced."""
     if form == "bf16":
         return 0
+    from advisor.profile.quantized import FrozenQuantizedLinear  # its custom ops registered when first asked for
+
     heads = output_heads(model)
     chosen = [(name, module) for name, module in model.named_modules()
               if name and is_linear(module) and id(module) not in heads and not module.weight.requires_grad]

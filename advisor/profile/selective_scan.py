@@ -24,6 +24,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import torch
@@ -70,8 +71,7 @@ def _gated(out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return (out.float() * F.silu(z.float())).to(out.dtype)
 
 
-@torch.library.custom_op("advisor::selective_scan", mutates_args=())
-def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+def _selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                    D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,
                    delta_softplus: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output: gated by silu(z) where z is given, in u's dtype; intermediates: b x d x chunks x 2n, fp32, the
@@ -85,8 +85,7 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     return _gated(out, z), intermediates, out
 
 
-@selective_scan.register_fake
-def _(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
+def _selective_scan_fake(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
     intermediates = u.new_empty((u.shape[0], u.shape[1], chunks(u.shape[2]), 2 * A.shape[1]), dtype=torch.float32)
     return torch.empty_like(u), intermediates, torch.empty_like(u) if z is not None else u.new_empty(0)
 
@@ -100,8 +99,7 @@ def _autograd_on() -> Iterator[None]:
         yield
 
 
-@torch.library.custom_op("advisor::selective_scan_backward", mutates_args=())
-def selective_scan_backward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+def _selective_scan_backward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                             D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,
                             grad: torch.Tensor, intermediates: torch.Tensor, out: torch.Tensor,
                             delta_softplus: bool) -> list[torch.Tensor]:
@@ -122,8 +120,7 @@ def selective_scan_backward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tenso
     return grads
 
 
-@selective_scan_backward.register_fake
-def _(u, delta, A, B, C, D, z, delta_bias, grad, intermediates, out, delta_softplus):
+def _selective_scan_backward_fake(u, delta, A, B, C, D, z, delta_bias, grad, intermediates, out, delta_softplus):
     return [torch.empty_like(t) if t is not None else u.new_empty(0) for t in (u, delta, A, B, C, D, z, delta_bias)]
 
 
@@ -137,19 +134,30 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> tuple:
     u, delta, A, B, C, D, z, delta_bias, intermediates, out = ctx.saved_tensors
-    grads = selective_scan_backward(u, delta, A, B, C, D, z, delta_bias, grad.contiguous(), intermediates,
-                                    out if out is not None else u.new_empty(0), ctx.delta_softplus)
+    grads = torch.ops.advisor.selective_scan_backward(u, delta, A, B, C, D, z, delta_bias, grad.contiguous(),
+                                                      intermediates, out if out is not None else u.new_empty(0),
+                                                      ctx.delta_softplus)
     given = (u, delta, A, B, C, D, z, delta_bias)  # an input not given has no gradient
     return (*(gradient if tensor is not None else None for gradient, tensor in zip(grads, given)), None)
 
 
-selective_scan.register_autograd(_backward, setup_context=_setup_context)
+@cache
+def register_ops() -> None:
+    """Define the ops `advisor::selective_scan` and `advisor::selective_scan_backward` (their kernels, fake
+    kernels and the forward's autograd) with torch.library, once per process: when a trace first fuses a scan
+    (fused_selective_scans, scan), not at import, which every trace pays (about 7 ms)."""
+    forward = torch.library.custom_op("advisor::selective_scan", mutates_args=())(_selective_scan)
+    forward.register_fake(_selective_scan_fake)
+    backward = torch.library.custom_op("advisor::selective_scan_backward", mutates_args=())(_selective_scan_backward)
+    backward.register_fake(_selective_scan_backward_fake)
+    forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
          D: torch.Tensor | None = None, z: torch.Tensor | None = None, delta_bias: torch.Tensor | None = None,
          delta_softplus: bool = False, return_last_state: bool = False, **unused: Any) -> Any:
     """Hugging Face's `mamba_selective_scan`, as selective_scan_fn runs it."""
+    register_ops()
     gated, intermediates, _ = torch.ops.advisor.selective_scan(hidden_states, dt, A, B, C, D, z, delta_bias,
                                                                delta_softplus)
     if return_last_state:
@@ -182,6 +190,7 @@ def fused_selective_scans() -> Iterator[None]:
     with _lock:
         _entered += 1
         for module in scan_modules():
+            register_ops()
             if module not in _patched:
                 _patched[module] = module.mamba_selective_scan
                 module.mamba_selective_scan = scan

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -51,9 +52,7 @@ from advisor.profile.costs import SDPA_KERNELS, ConvGeometry, NormGeometry, name
 from advisor.profile.dataflow import Dataflow, Flow
 from advisor.profile.engine_sums import EngineSums
 from advisor.profile.finite import FiniteActivations
-from advisor.profile.float8 import convert_to_float8
 from advisor.profile.live_memory import LiveMemory, LiveMemoryTracker
-from advisor.profile.quantized import AdamW8bit, FrozenQuantizedLinear
 from advisor.profile.master_weights import MasterWeights
 from advisor.profile.repeated import (
     MIN_SAVED_BY_A_RETRY,
@@ -642,6 +641,8 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
     if name in ("adam-fused", "adamw-fused"):
         return (torch.optim.Adam if name == "adam-fused" else torch.optim.AdamW)(params, fused=True)
     if name == "adamw8bit":
+        from advisor.profile.quantized import AdamW8bit  # its custom ops registered when first asked for
+
         return AdamW8bit(params)
     if name == "adafactor" and name in OPTIMIZERS:
         return torch.optim.Adafactor(params, foreach=True)
@@ -1019,6 +1020,8 @@ def _step_on(built: _Built, setup: _Setup, values: str, memory_limit: int | None
             inputs = cast_inputs(inputs, dtype)
         adapted = _adapt(model, setup)
         if precision_of(setup.precision).float8:
+            from advisor.profile.float8 import convert_to_float8  # its custom op registered when first asked for
+
             adapted = "; ".join(filter(None, (adapted, f"float8: {convert_to_float8(model)} Linear layers")))
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -1210,8 +1213,11 @@ def frozen_dtype(precision: str) -> torch.dtype | None:
 
 
 def _total_params(model: torch.nn.Module) -> int:
-    """Every parameter's elements, and those of quantized frozen weights (quantized.FrozenQuantizedLinear)."""
-    quantized = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, FrozenQuantizedLinear))
+    """Every parameter's elements, and those of quantized frozen weights (quantized.FrozenQuantizedLinear: none
+    where that module was never imported)."""
+    module = sys.modules.get("advisor.profile.quantized")
+    frozen = () if module is None else [m for m in model.modules() if isinstance(m, module.FrozenQuantizedLinear)]
+    quantized = sum(m.in_features * m.out_features for m in frozen)
     return sum(p.numel() for p in model.parameters()) + quantized
 
 
