@@ -2,7 +2,8 @@
 the same model (build it on fake tensors, forward and backward under torch's FLOP counter: what any tracer of
 the full model pays) measured in the same run, and Llama-3-70B against Llama-3.2-1B (issue #24).
 
-Each figure is the median of --repeats runs (the runs compared taken in turn, round by round), three ways:
+Each figure is the median of --repeats runs (the first call: of --first-repeats; the runs compared taken in
+turn, round by round), three ways:
 - fresh processes, timed from outside (imports count), peak RSS from the kernel: `advisor estimate MODEL --json
   --plans never` with the trace cache off (cold: everything traced), the same with the trace cache filled by a
   run before (warm: a repeated estimate), the default `--plans auto` cold (the fit advisor's searches count),
@@ -162,6 +163,8 @@ def in_process_pair(small: str, large: str) -> tuple[float, float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--first-repeats", type=int, default=7,
+                        help="rounds of the first call (a short run: more rounds, a steadier median)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--bare", help=argparse.SUPPRESS)
     parser.add_argument("--in-process", help=argparse.SUPPRESS)
@@ -209,7 +212,7 @@ def main() -> int:
             row[name], row[f"{name}_rss"] = seconds, rss
         row["auto"], row["auto_rss"] = median_of(1, estimate[:-2], cold)
         firsts: dict[str, list[float]] = {"plan": [], "bare": [], "parsed": []}
-        for _ in range(args.repeats):  # in turn, as above
+        for _ in range(args.first_repeats):  # in turn, as above
             for kind, seconds in firsts.items():
                 # parsed: the database and reference calibrations parsed from their YAML, as a machine's very
                 # first run does (the others find them kept by advisor/pickled.py, as every later run does)
@@ -233,6 +236,7 @@ def main() -> int:
     lines = [f"advisor estimate over all GPUs, {time.strftime('%Y-%m-%d')}, {platform.machine()} "
              f"{os.cpu_count()} CPUs, Python {platform.python_version()}, medians of {args.repeats} fresh processes "
              "(seconds, imports included; peak RSS GB), the first call in a fresh process after the shared imports "
+             f"(medians of {args.first_repeats}) "
              f"(torch and torch._dynamo: {imports:.2f} s in a fresh process), and steady state in one process "
              f"(medians of {STEADY_ROUNDS} interleaved calls after 2)",
              f"{'model':<4} {'bare':>6} {'cold':>6} {'cold/bare':>9} {'cached':>6} {'cached/bare':>11} "
