@@ -88,6 +88,16 @@ def test_a_line_waits_for_its_step_before_it_is_made_here_while_waiting() -> Non
     assert tables.made == {item("step", ZERO2): "here", item("step", FSDP4): "here", item("step", FSDP2): "sent 1"}
 
 
+def test_a_line_the_child_went_past_and_this_process_makes_is_skipped_there() -> None:
+    # the child went past FSDP-2's line (its step was being made here: it makes such a line last) and is on
+    # ZeRO-2's step; asked for the line, this process makes it and tells the child to skip it
+    child, tables = ScriptedChild([[("starting", item("step", ZERO2), None)]]), Tables()
+    tables.made[item("step", FSDP2)] = "here"
+    ahead = LayoutsAhead(child, tables, [("line", FSDP2), ("step", ZERO2)])  # type: ignore[arg-type]
+    ahead.await_item(item("line", FSDP2))
+    assert child.skipped == [item("line", FSDP2)]
+
+
 def test_while_the_child_still_traces_this_process_makes_the_steps_it_has_not_started() -> None:
     # waiting for the second trace three times: FSDP-2's and ZeRO-2's steps are made here and skipped there;
     # then the trace arrives (waiting() is False) and FSDP-4's step is left to the child
