@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 CalibrationProgress = Callable[[int, int, str], None]
 
+
 def cpu_target(suite: Suite) -> CalibrationTarget:
     """calibration.runner.cpu_target, the benchmark runner imported when --local asks for it (not by every
     estimate: about 10 ms with the probes it imports)."""

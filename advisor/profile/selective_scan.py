@@ -72,8 +72,8 @@ def _gated(out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def _selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                   D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,
-                   delta_softplus: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,
+                    delta_softplus: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output: gated by silu(z) where z is given, in u's dtype; intermediates: b x d x chunks x 2n, fp32, the
     last chunk's state in its odd entries; the ungated output where z is given, else empty). u, delta, z:
     b x d x l; A: d x n; B, C: b x n x l; D, delta_bias: d."""
@@ -99,10 +99,10 @@ def _autograd_on() -> Iterator[None]:
         yield
 
 
-def _selective_scan_backward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                            D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,
-                            grad: torch.Tensor, intermediates: torch.Tensor, out: torch.Tensor,
-                            delta_softplus: bool) -> list[torch.Tensor]:
+def _selective_scan_backward(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                             C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+                             delta_bias: torch.Tensor | None, grad: torch.Tensor, intermediates: torch.Tensor,
+                             out: torch.Tensor, delta_softplus: bool) -> list[torch.Tensor]:
     """The gradients of u, delta, A, B, C, D, z and delta_bias (an empty tensor for an input not given)."""
     inputs = [t.detach().requires_grad_() if t is not None else None for t in (u, delta, A, B, C, D, z, delta_bias)]
     given = [t for t in inputs if t is not None]
