@@ -141,12 +141,16 @@ def loaded(name: str, sources: Sequence[tuple[str, bytes]], packages: tuple[str,
         return build()
     try:
         value = read(file, header, kind, DATA_MAX_BYTES)
-        os.utime(file)  # the least recently used go first
-        return value
     except FileNotFoundError:
         pass
     except READ_ERRORS:
         discard(file)
+    else:
+        try:
+            os.utime(file)  # the least recently used go first
+        except OSError:  # a cache that cannot be touched still serves
+            pass
+        return value
     value = build()
     try:
         write(file, header, value)

@@ -13,7 +13,6 @@ import pytest
 from advisor import pickled
 from advisor.calibration import reference
 from advisor.hardware.loader import HwdbError, load_directories, load_hwdb
-from tests.conftest import write_yaml
 
 
 @pytest.fixture
@@ -67,6 +66,19 @@ def test_a_file_of_the_wrong_type_or_writable_by_others_or_edited_is_built_again
     data[-3] ^= 0xFF  # one flipped byte of the payload: its checksum no longer matches
     kept.write_bytes(bytes(data))
     assert pickled.loaded("thing", files, (), list, counted([3], calls)) == [3] and len(calls) == 4
+
+
+def test_a_folder_that_cannot_be_written_still_serves_what_it_holds(cache: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    pickled.loaded("thing", [("a.yaml", b"")], (), dict, counted({"x": 1}, calls))
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(os, "utime", refused)  # as on a read-only folder
+    assert pickled.loaded("thing", [("a.yaml", b"")], (), dict, counted({"x": 2}, calls)) == {"x": 1}
+    assert calls == [1]
 
 
 def test_off_builds_every_time(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
