@@ -65,6 +65,20 @@ def write(path: Path, header: dict[str, Any], value: Any) -> None:
     write_atomically(path, line.encode() + b"\n" + payload)
 
 
+def touch(path: Path) -> None:
+    """Mark a cache file used now: keep_newest drops the least recently used first. A file whose time cannot be
+    set (a read-only folder) still serves."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def switched_on(variable: str) -> bool:
+    """Whether the environment leaves a cache on: anything but off, 0, no or false in `variable`."""
+    return os.environ.get(variable, "").strip().lower() not in ("off", "0", "no", "false")
+
+
 def discard(path: Path) -> None:
     """Delete a cache file that failed a check; its object is made again and rewritten."""
     try:
@@ -117,7 +131,7 @@ DATA_ENTRIES = 4
 
 
 def data_cache_on() -> bool:
-    return os.environ.get(DATA_CACHE, "").strip().lower() not in ("off", "0", "no", "false")
+    return switched_on(DATA_CACHE)
 
 
 def loaded(name: str, sources: Sequence[tuple[str, bytes]], packages: tuple[str, ...], kind: type[T],
@@ -146,10 +160,7 @@ def loaded(name: str, sources: Sequence[tuple[str, bytes]], packages: tuple[str,
     except READ_ERRORS:
         discard(file)
     else:
-        try:
-            os.utime(file)  # the least recently used go first
-        except OSError:  # a cache that cannot be touched still serves
-            pass
+        touch(file)
         return value
     value = build()
     try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import asdict
@@ -55,7 +54,7 @@ ENVIRONMENT = "GPU_ADVISOR_TRACE_CACHE"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENVIRONMENT, "").strip().lower() not in ("off", "0", "no", "false")
+    return pickled.switched_on(ENVIRONMENT)
 
 
 def cache_folder() -> Path:
@@ -115,10 +114,7 @@ def load(key: str | None, suffix: str = SUFFIX, kind: type = StepTrace) -> Any:
         except pickled.READ_ERRORS:
             pickled.discard(path)
             return None
-    try:
-        os.utime(path)  # the least recently used go first
-    except OSError:  # a cache that cannot be touched still serves
-        pass
+    pickled.touch(path)
     if kind is StepTrace:
         _remember(path, trace)
     return trace
