@@ -180,12 +180,12 @@ class LayoutsAhead:
             self._served.share(item, value)
 
     def _take(self, item: Item) -> None:
-        """Make `item` here: the child is told to skip it where it may still make it, an item it has not reached
-        or a line it went past (it makes a line whose step this process was making last: layouts_job; the 7B
-        example's ZeRO-2 line on two GPUs was made in both processes)."""
+        """Make `item` here, the child told to skip it: one it has not reached, and one it went past, which it may
+        still make (a line whose step this process was making, done last: layouts_job; the 7B example's ZeRO-2
+        line on two GPUs was made in both processes). Never the one it is on (the callers' condition)."""
         if item not in self._taken:
             self._taken.add(item)
-            if self._served.alive and (self._order.get(item, -1) > self._position or item[0] == "line"):
+            if self._served.alive:
                 self._served.skip(item)
 
     def _next_unstarted(self, waiting_for: Item | None = None, lines: bool = True) -> tuple[Item, str, Layout] | None:
