@@ -19,7 +19,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from advisor.pickled import switched_on
 from advisor.profile.live_memory import LiveMemory, round_up
 
 MIB = 1 << 20
@@ -213,6 +215,31 @@ class CachingAllocator:
             raise OutOfMemory()
 
 
+NATIVE_VERSION = 1
+"""The version of native/gpu_advisor_allocator.c this file's rules match: an installed module of another
+version (left by an older install) is not used."""
+
+
+def native_wanted() -> bool:
+    """Whether the compiled replay may be used: not where GPU_ADVISOR_NATIVE is off (or 0, no, false)."""
+    return switched_on("GPU_ADVISOR_NATIVE")
+
+
+def _native() -> Any:
+    """The compiled replay (native/gpu_advisor_allocator.c, setup.py's optional extension), or None where it
+    was not built (no C compiler when the tool was installed), is of another version, or
+    GPU_ADVISOR_NATIVE=off: `replay` then runs CachingAllocator.run, whose rules it repeats."""
+    if not native_wanted():
+        return None
+    try:
+        import gpu_advisor_allocator
+    except ModuleNotFoundError as exc:
+        if exc.name != "gpu_advisor_allocator":
+            raise
+        return None
+    return gpu_advisor_allocator if getattr(gpu_advisor_allocator, "VERSION", None) == NATIVE_VERSION else None
+
+
 def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = None,
            capacity: int | None = None) -> AllocatorPeaks:
     """Replay the step's allocations and frees `steps` times in a row, as a training loop runs them:
@@ -222,8 +249,20 @@ def replay(memory: LiveMemory, steps: int = 2, sizes: Sequence[int] | None = Non
     `capacity`: the bytes its segments may take (CachingAllocator), None for no limit."""
     if sizes is None:
         sizes = memory.sizes(MIN_BLOCK)  # round_request of each storage (0 for an empty one: no block)
-    in_step = [s.allocated_at >= 0 for s in memory.storages]
-    events = memory.events
+    return replay_events(memory.events, [s.allocated_at >= 0 for s in memory.storages], steps, sizes, capacity)
+
+
+def replay_events(events: Sequence[int], in_step: Sequence[bool], steps: int, sizes: Sequence[int],
+                  capacity: int | None = None, native: bool = True) -> AllocatorPeaks:
+    """replay of LiveMemory `events` (i: allocate storage i, ~i: free it) whose storages `in_step` the step
+    allocates (the others live from before it: allocated once), `sizes` bytes each. Compiled
+    (native/gpu_advisor_allocator.c) where it was built and `native`, else CachingAllocator.run: the same
+    peaks (tests/test_allocator_native.py), a 7B estimate's re-plays in a twentieth of the time."""
+    compiled = _native() if native else None
+    if compiled is not None:
+        allocated, reserved, segments, flushes, out_of_memory = compiled.replay(events, in_step, steps, sizes,
+                                                                                capacity)
+        return AllocatorPeaks(allocated, reserved, segments, flushes, out_of_memory)
     alive: dict[int, None] = {}  # the step's storages allocated and not yet freed, in allocation order
     for event in events:
         if event >= 0:
