@@ -35,7 +35,7 @@ def main() -> int:
     from advisor.parallel.strategy import Layout
     from advisor.profile.model_file import load_model_file
 
-    assert allocator._native() is not None, "the compiled replay is not built: `pip install .` (a C compiler)"
+    assert allocator.native_module() is not None, "the compiled replay is not built: `pip install .` (a C compiler)"
     model = load_model_file(args.model)
     trace, second = trace_both_batches(model, MemorySettings(model.default_batch_size, "amp-bf16", "adamw"),
                                        parallel=False)

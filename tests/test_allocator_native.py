@@ -21,7 +21,7 @@ MIB = 2**20
 def native() -> object:
     """The compiled module; where it is missing, a failure on a machine with a C compiler (`pip install`
     builds it there), a skip on one without (the tool runs its Python replay)."""
-    found = allocator._native()
+    found = allocator.native_module()
     if found is None and not allocator.native_wanted():
         pytest.skip("GPU_ADVISOR_NATIVE=off")
     if found is None:
@@ -126,11 +126,11 @@ def test_the_same_errors_both_ways(native: object) -> None:
 
 def test_off_runs_the_python_replay(native: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPU_ADVISOR_NATIVE", "off")
-    assert allocator._native() is None
+    assert allocator.native_module() is None
     monkeypatch.setenv("GPU_ADVISOR_NATIVE", "on")
-    assert allocator._native() is native
+    assert allocator.native_module() is native
 
 
 def test_a_module_of_another_version_is_not_used(native: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocator, "NATIVE_VERSION", allocator.NATIVE_VERSION + 1)
-    assert allocator._native() is None
+    assert allocator.native_module() is None

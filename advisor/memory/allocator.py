@@ -225,7 +225,7 @@ def native_wanted() -> bool:
     return switched_on("GPU_ADVISOR_NATIVE")
 
 
-def _native() -> Any:
+def native_module() -> Any:
     """The compiled replay (native/gpu_advisor_allocator.c, setup.py's optional extension), or None where it
     was not built (no C compiler when the tool was installed), is of another version, or
     GPU_ADVISOR_NATIVE=off: `replay` then runs CachingAllocator.run, whose rules it repeats."""
@@ -257,8 +257,8 @@ def replay_events(events: Sequence[int], in_step: Sequence[bool], steps: int, si
     """replay of LiveMemory `events` (i: allocate storage i, ~i: free it) whose storages `in_step` the step
     allocates (the others live from before it: allocated once), `sizes` bytes each. Compiled
     (native/gpu_advisor_allocator.c) where it was built and `native`, else CachingAllocator.run: the same
-    peaks (tests/test_allocator_native.py), a 7B estimate's re-plays in a twentieth of the time."""
-    compiled = _native() if native else None
+    peaks (tests/test_allocator_native.py), in a twelfth of the time (benchmarks/allocator_replay.py)."""
+    compiled = native_module() if native else None
     if compiled is not None:
         allocated, reserved, segments, flushes, out_of_memory = compiled.replay(events, in_step, steps, sizes,
                                                                                 capacity)
