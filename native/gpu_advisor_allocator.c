@@ -82,14 +82,20 @@ static Py_ssize_t bisect_left(const Pool *pool, int64_t size, int64_t address) {
     return low;
 }
 
+/* Room for one more item in `*items` (`length` used of `*capacity`, each `size` bytes): doubled when full
+   (`initial` items at first). 0, or -1 with MemoryError set. */
+static int make_room(void **items, Py_ssize_t length, Py_ssize_t *capacity, size_t size, Py_ssize_t initial) {
+    if (length < *capacity) return 0;
+    Py_ssize_t grown = *capacity ? 2 * *capacity : initial;
+    void *moved = PyMem_Realloc(*items, grown * size);
+    if (!moved) { PyErr_NoMemory(); return -1; }
+    *items = moved;
+    *capacity = grown;
+    return 0;
+}
+
 static int pool_insert(Pool *pool, int64_t size, int64_t address, int32_t block) {
-    if (pool->length == pool->capacity) {
-        Py_ssize_t grown = pool->capacity ? 2 * pool->capacity : 64;
-        Entry *entries = PyMem_Realloc(pool->entries, grown * sizeof(Entry));
-        if (!entries) { PyErr_NoMemory(); return -1; }
-        pool->entries = entries;
-        pool->capacity = grown;
-    }
+    if (make_room((void **)&pool->entries, pool->length, &pool->capacity, sizeof(Entry), 64) < 0) return -1;
     Py_ssize_t position = bisect_left(pool, size, address);
     memmove(&pool->entries[position + 1], &pool->entries[position], (pool->length - position) * sizeof(Entry));
     pool->entries[position] = (Entry){size, address, block};
@@ -108,13 +114,7 @@ static void pool_remove(Pool *pool, const Block *block) {
 }
 
 static int32_t new_block(Allocator *a, int64_t size, int64_t address, char small) {
-    if (a->count == a->capacity) {
-        Py_ssize_t grown = a->capacity ? 2 * a->capacity : 1024;
-        Block *blocks = PyMem_Realloc(a->blocks, grown * sizeof(Block));
-        if (!blocks) { PyErr_NoMemory(); return -1; }
-        a->blocks = blocks;
-        a->capacity = grown;
-    }
+    if (make_room((void **)&a->blocks, a->count, &a->capacity, sizeof(Block), 1024) < 0) return -1;
     a->blocks[a->count] = (Block){size, address, -1, -1, small, 1};
     return (int32_t)a->count++;
 }
@@ -314,6 +314,7 @@ done:
 }
 
 static PyObject *replay(PyObject *module, PyObject *args) {
+    (void)module;
     PyObject *events, *in_step, *sizes, *capacity;
     Py_ssize_t steps;
     if (!PyArg_ParseTuple(args, "OOnOO:replay", &events, &in_step, &steps, &sizes, &capacity)) return NULL;
@@ -352,6 +353,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef definition = {
     PyModuleDef_HEAD_INIT, "gpu_advisor_allocator",
     "The caching allocator's replay of advisor/memory/allocator.py, compiled (an optional speed-up).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit_gpu_advisor_allocator(void) {
