@@ -5,6 +5,10 @@ allocated peak (the capped replay of a GPU between the allocated peak and the re
 are timed in turn, round by round; the figures are medians, and their peaks are checked equal.
 
     python benchmarks/allocator_replay.py [--model llama] [--rounds 7] [--out FILE]
+
+With --parity MODEL..., instead: each model's step and twice its batch, and its ZeRO-1, ZeRO-2, FSDP and DDP ranks
+at 2 and 8 GPUs, re-played both ways uncapped and under four capacities (half the allocated peak, the allocated
+peak, between it and the reserve, the reserve): the peaks must be equal.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ def main() -> int:
     parser.add_argument("--model", default="llama")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--parity", nargs="+", metavar="MODEL")
     args = parser.parse_args()
+    if args.parity:
+        print_report(parity(args.parity), args.out)
+        return 0
 
     from advisor.estimate.parallel import LayoutMemory
     from advisor.memory import allocator
@@ -52,15 +60,13 @@ def main() -> int:
         cases += [(memory.events, in_step, sizes, None), (memory.events, in_step, sizes, free.allocated)]
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.rounds):
+        found: dict[bool, list] = {}
         for native in (False, True):
             started = time.perf_counter()
-            found = [replay_events(events, in_step, 2, sizes, capacity, native=native)
-                     for events, in_step, sizes, capacity in cases]
+            found[native] = [replay_events(events, in_step, 2, sizes, capacity, native=native)
+                             for events, in_step, sizes, capacity in cases]
             times[native].append(time.perf_counter() - started)
-            if native:
-                assert found == expected, "the compiled replay's peaks differ from the Python one's"
-            else:
-                expected = found
+        assert found[True] == found[False], "the compiled replay's peaks differ from the Python one's"
     python, compiled = (statistics.median(times[native]) for native in (False, True))
     events = sum(len(events) for events, *_ in cases)
     lines = [f"allocator replay, {args.model}, {len(cases)} replays ({len(ranks)} layouts, uncapped and capped at "
@@ -73,6 +79,50 @@ def main() -> int:
              f"{statistics.median(c / p for c, p in zip(times[True], times[False])):.3f})"]
     print_report(lines, args.out)
     return 0
+
+
+def parity(models: list[str]) -> list[str]:
+    """Per model, its replays both ways (see the module docstring), asserted equal; the report's lines."""
+    from advisor.estimate.parallel import LayoutMemory
+    from advisor.memory.allocator import MIN_BLOCK, native_module, replay_events
+    from advisor.memory.plan import MemorySettings, trace_both_batches
+    from advisor.parallel.strategy import Layout
+    from advisor.profile.model_file import load_model_file
+
+    assert native_module() is not None, "the compiled replay is not built: `pip install .` (a C compiler)"
+    lines = [f"allocator replay, compiled against Python, {time.strftime('%Y-%m-%d %H:%M')}: each model's step at its "
+             "default batch and at twice it, and its ZeRO-1, ZeRO-2, FSDP and DDP ranks at 2 and 8 GPUs (amp-bf16, "
+             "AdamW), uncapped and capped at half the allocated peak, the allocated peak, between it and the reserve, "
+             "and the reserve"]
+    total = 0
+    for name in models:
+        model = load_model_file(name)
+        trace, second = trace_both_batches(model, MemorySettings(model.default_batch_size, "amp-bf16", "adamw"),
+                                           parallel=False)
+        layouts = LayoutMemory(trace, second)
+        ranks = [trace, second] + [layouts._rank_trace(Layout(strategy, gpus, gpus)) for gpus in (2, 8)
+                                   for strategy in ("zero1", "zero2", "fsdp", "ddp")]
+        replays = flushed = ran_out = events = 0
+        for rank in ranks:
+            memory = rank.memory
+            assert memory is not None
+            sizes = memory.sizes(MIN_BLOCK)
+            in_step = [s.allocated_at >= 0 for s in memory.storages]
+            free = replay_events(memory.events, in_step, 2, sizes, native=False)
+            for capacity in (None, free.allocated // 2, free.allocated, (free.allocated + free.reserved) // 2,
+                             free.reserved):
+                python = replay_events(memory.events, in_step, 2, sizes, capacity, native=False)
+                compiled = replay_events(memory.events, in_step, 2, sizes, capacity)
+                assert compiled == python, (name, capacity, compiled, python)
+                replays += 1
+                flushed += python.flushes > 0 and not python.out_of_memory
+                ran_out += python.out_of_memory
+            events += len(memory.events)
+        total += replays
+        lines.append(f"{name:<18} {replays} replays equal ({events:,} events; {flushed} flushed and held, "
+                     f"{ran_out} ran out)")
+    lines.append(f"all {total} replays: the same peaks, segments, flushes and out-of-memory")
+    return lines
 
 
 if __name__ == "__main__":
