@@ -19,6 +19,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("GPU_ADVISOR_TRACE_CACHE", "off")
 
@@ -36,28 +37,19 @@ def main() -> int:
         print_report(parity(args.parity), args.out)
         return 0
 
-    from advisor.estimate.parallel import LayoutMemory
     from advisor.memory import allocator
-    from advisor.memory.allocator import MIN_BLOCK, replay_events
-    from advisor.memory.plan import MemorySettings, trace_both_batches
+    from advisor.memory.allocator import replay_events
     from advisor.parallel.strategy import Layout
-    from advisor.profile.model_file import load_model_file
 
     assert allocator.native_module() is not None, "the compiled replay is not built: `pip install .` (a C compiler)"
-    model = load_model_file(args.model)
-    trace, second = trace_both_batches(model, MemorySettings(model.default_batch_size, "amp-bf16", "adamw"),
-                                       parallel=False)
-    layouts = LayoutMemory(trace, second)
+    trace, _, layouts = traced_layouts(args.model)
     ranks = [trace] + [layouts._rank_trace(Layout(strategy, gpus, gpus)) for gpus in (2, 4, 8)
                        for strategy in ("zero1", "zero2", "fsdp")] + [layouts._rank_trace(Layout("ddp", 2, 2))]
     cases = []
     for rank in ranks:
-        memory = rank.memory
-        assert memory is not None
-        sizes = memory.sizes(MIN_BLOCK)
-        in_step = [s.allocated_at >= 0 for s in memory.storages]
-        free = replay_events(memory.events, in_step, 2, sizes, native=False)
-        cases += [(memory.events, in_step, sizes, None), (memory.events, in_step, sizes, free.allocated)]
+        events, in_step, sizes = replay_inputs(rank)
+        free = replay_events(events, in_step, 2, sizes, native=False)
+        cases += [(events, in_step, sizes, None), (events, in_step, sizes, free.allocated)]
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.rounds):
         found: dict[bool, list] = {}
@@ -81,13 +73,31 @@ def main() -> int:
     return 0
 
 
+def traced_layouts(name: str) -> tuple[Any, Any, Any]:
+    """Model `name`'s step at its default batch and at twice it (amp-bf16, AdamW), and their LayoutMemory."""
+    from advisor.estimate.parallel import LayoutMemory
+    from advisor.memory.plan import MemorySettings, trace_both_batches
+    from advisor.profile.model_file import load_model_file
+
+    model = load_model_file(name)
+    trace, second = trace_both_batches(model, MemorySettings(model.default_batch_size, "amp-bf16", "adamw"),
+                                       parallel=False)
+    return trace, second, LayoutMemory(trace, second)
+
+
+def replay_inputs(rank: Any) -> tuple[Any, list[bool], list[int]]:
+    """(events, in_step, sizes) of a traced step's memory, as allocator.replay hands them to replay_events."""
+    from advisor.memory.allocator import MIN_BLOCK
+
+    memory = rank.memory
+    assert memory is not None
+    return memory.events, [s.allocated_at >= 0 for s in memory.storages], memory.sizes(MIN_BLOCK)
+
+
 def parity(models: list[str]) -> list[str]:
     """Per model, its replays both ways (see the module docstring), asserted equal; the report's lines."""
-    from advisor.estimate.parallel import LayoutMemory
-    from advisor.memory.allocator import MIN_BLOCK, native_module, replay_events
-    from advisor.memory.plan import MemorySettings, trace_both_batches
+    from advisor.memory.allocator import native_module, replay_events
     from advisor.parallel.strategy import Layout
-    from advisor.profile.model_file import load_model_file
 
     assert native_module() is not None, "the compiled replay is not built: `pip install .` (a C compiler)"
     lines = [f"allocator replay, compiled against Python, {time.strftime('%Y-%m-%d %H:%M')}: each model's step at its "
@@ -96,28 +106,22 @@ def parity(models: list[str]) -> list[str]:
              "and the reserve"]
     total = 0
     for name in models:
-        model = load_model_file(name)
-        trace, second = trace_both_batches(model, MemorySettings(model.default_batch_size, "amp-bf16", "adamw"),
-                                           parallel=False)
-        layouts = LayoutMemory(trace, second)
+        trace, second, layouts = traced_layouts(name)
         ranks = [trace, second] + [layouts._rank_trace(Layout(strategy, gpus, gpus)) for gpus in (2, 8)
                                    for strategy in ("zero1", "zero2", "fsdp", "ddp")]
         replays = flushed = ran_out = events = 0
         for rank in ranks:
-            memory = rank.memory
-            assert memory is not None
-            sizes = memory.sizes(MIN_BLOCK)
-            in_step = [s.allocated_at >= 0 for s in memory.storages]
-            free = replay_events(memory.events, in_step, 2, sizes, native=False)
+            step_events, in_step, sizes = replay_inputs(rank)
+            free = replay_events(step_events, in_step, 2, sizes, native=False)
             for capacity in (None, free.allocated // 2, free.allocated, (free.allocated + free.reserved) // 2,
                              free.reserved):
-                python = replay_events(memory.events, in_step, 2, sizes, capacity, native=False)
-                compiled = replay_events(memory.events, in_step, 2, sizes, capacity)
+                python = replay_events(step_events, in_step, 2, sizes, capacity, native=False)
+                compiled = replay_events(step_events, in_step, 2, sizes, capacity)
                 assert compiled == python, (name, capacity, compiled, python)
                 replays += 1
                 flushed += python.flushes > 0 and not python.out_of_memory
                 ran_out += python.out_of_memory
-            events += len(memory.events)
+            events += len(step_events)
         total += replays
         lines.append(f"{name:<18} {replays} replays equal ({events:,} events; {flushed} flushed and held, "
                      f"{ran_out} ran out)")
